@@ -1,0 +1,52 @@
+"""Every error kjarni raises on purpose: one base class, one subclass per kind of failure.
+
+Messages name the thing (file, tensor, value) and say what to do next. Callers catch
+``KjarniError`` to handle them all.
+"""
+
+from __future__ import annotations
+
+
+class KjarniError(Exception):
+    """Base class of every error kjarni raises on purpose."""
+
+
+class UnknownModelError(KjarniError):
+    """A model name that is neither in the registry nor a local path."""
+
+
+class ModelNotDownloadedError(KjarniError):
+    """The model is not in the cache and the download policy forbids fetching it."""
+
+
+class DownloadFailedError(KjarniError):
+    """Fetching model files failed (network, pip, checksum)."""
+
+
+class LoadFailedError(KjarniError):
+    """Model files exist but could not be read: missing, truncated, corrupted or inconsistent."""
+
+
+class GpuUnavailableError(KjarniError):
+    """The GPU was asked for but no usable WebGPU adapter or device exists."""
+
+
+class GenerationFailedError(KjarniError):
+    """Generation could not run or stopped on an internal failure."""
+
+
+class InvalidModelError(KjarniError):
+    """The model is of a kind kjarni cannot run (not a decoder, unsupported architecture or tensor type)."""
+
+
+class InvalidConfigurationError(KjarniError):
+    """A setting is out of range or settings contradict each other."""
+
+
+class ContextOverflowError(KjarniError):
+    """A prompt (or prompt plus generation) does not fit in the model's context."""
+
+    def __init__(self, message: str, *, tokens: int, context: int) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.context = context
