@@ -1,0 +1,157 @@
+"""NumpyOps: the executable specification of the backend contract in ops.py.
+
+float32 throughout and written for reading. Every constant is float32: one float64 scalar
+would promote the activations and make decoding ten times slower.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from kjarni.errors import ContextOverflowError
+from kjarni.ops import WeightSource
+from kjarni.weights import QuantTensor
+
+
+def _as_f32(part: WeightSource) -> np.ndarray:
+    if isinstance(part, QuantTensor):
+        return part.dequantize()
+    return np.ascontiguousarray(part, dtype=np.float32)
+
+
+class NumpyKVCache:
+    """Keys and values, ``[layers, kv_heads, capacity, head_dim]`` each, allocated once."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> None:
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.keys = np.zeros(shape, dtype=np.float32)
+        self.values = np.zeros(shape, dtype=np.float32)
+        self.capacity = capacity
+        self.offset = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` positions; returns the new offset."""
+        self.offset -= min(max(n, 0), self.offset)
+        return self.offset
+
+
+class NumpyOps:
+    """The CPU backend: plain numpy, float32."""
+
+    name = "cpu"
+
+    def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> np.ndarray:
+        if isinstance(parts, (np.ndarray, QuantTensor)):
+            return _as_f32(parts)
+        arrays = [_as_f32(p) for p in parts]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+
+    def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> NumpyKVCache:
+        return NumpyKVCache(num_layers, num_kv_heads, head_dim, capacity)
+
+    def embed(self, table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        return table[np.asarray(token_ids, dtype=np.int64)]
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        variance = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(variance + np.float32(eps)) * weight
+
+    def linear(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray | None = None,
+        residual: np.ndarray | None = None,
+    ) -> np.ndarray:
+        y = x @ weight.T
+        if bias is not None:
+            y += bias
+        if residual is not None:
+            y += residual
+        return y
+
+    def norm_linear(
+        self,
+        x: np.ndarray,
+        norm_weight: np.ndarray,
+        eps: float,
+        weight: np.ndarray,
+        bias: np.ndarray | None = None,
+    ) -> np.ndarray:
+        return self.linear(self.rms_norm(x, norm_weight, eps), weight, bias)
+
+    def rope_store(self, qkv: np.ndarray, rope: np.ndarray, kv_cache: NumpyKVCache, layer: int, start: int) -> np.ndarray:
+        tokens = qkv.shape[0]
+        _, num_kv_heads, capacity, head_dim = kv_cache.keys.shape
+        if start + tokens > capacity:
+            raise ContextOverflowError(
+                f"{start + tokens} positions do not fit in a KV cache of {capacity}",
+                tokens=start + tokens,
+                context=capacity,
+            )
+        kv_width = num_kv_heads * head_dim
+        num_heads = (qkv.shape[1] - 2 * kv_width) // head_dim
+        q = qkv[:, : num_heads * head_dim].reshape(tokens, num_heads, head_dim)
+        k = qkv[:, num_heads * head_dim : num_heads * head_dim + kv_width].reshape(tokens, num_kv_heads, head_dim)
+        v = qkv[:, num_heads * head_dim + kv_width :].reshape(tokens, num_kv_heads, head_dim)
+        table = rope[start : start + tokens]
+        half = head_dim // 2
+        cos, sin = table[:, None, :half], table[:, None, half:]
+        kv_cache.keys[layer, :, start : start + tokens] = _rotate(k, cos, sin).transpose(1, 0, 2)
+        kv_cache.values[layer, :, start : start + tokens] = v.transpose(1, 0, 2)
+        return _rotate(q, cos, sin).reshape(tokens, num_heads * head_dim)
+
+    def attention(self, q: np.ndarray, kv_cache: NumpyKVCache, layer: int, start: int) -> np.ndarray:
+        tokens = q.shape[0]
+        _, num_kv_heads, _, head_dim = kv_cache.keys.shape
+        num_heads = q.shape[1] // head_dim
+        groups = num_heads // num_kv_heads
+        length = start + tokens
+        keys = kv_cache.keys[layer, :, :length]  # [kv_heads, length, head_dim]
+        values = kv_cache.values[layer, :, :length]
+        # [kv_heads, groups, tokens, head_dim]: query heads sharing one kv head sit together.
+        q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 2, 0, 3)
+        scores = (q @ keys[:, None].swapaxes(-1, -2)) * np.float32(1.0 / np.sqrt(head_dim))
+        if tokens > 1:
+            future = np.arange(length)[None, :] > (start + np.arange(tokens))[:, None]
+            scores[..., future] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out = weights @ values[:, None]  # [kv_heads, groups, tokens, head_dim]
+        return out.transpose(2, 0, 1, 3).reshape(tokens, num_heads * head_dim)
+
+    def silu_mul(self, x: np.ndarray) -> np.ndarray:
+        half = x.shape[1] // 2
+        gate, up = x[:, :half], x[:, half:]
+        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+    def rows(self, x: np.ndarray, first: int, count: int) -> np.ndarray:
+        return x[first : first + count]
+
+    def read(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    def argmax(self, x: np.ndarray) -> np.ndarray:
+        return np.argmax(x, axis=-1).astype(np.int64)
+
+    def top_k(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, x.shape[-1])
+        part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
+        values = np.take_along_axis(x, part, axis=-1)
+        order = np.lexsort((part, -values), axis=-1)
+        ids = np.take_along_axis(part, order, axis=-1)
+        return np.take_along_axis(x, ids, axis=-1), ids.astype(np.int64)
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Hugging Face rotate-half RoPE on ``[tokens, heads, head_dim]``."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)

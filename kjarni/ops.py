@@ -1,0 +1,130 @@
+"""The backend contract: what a model forward may ask of a backend.
+
+A model is written once against `Ops`; `NumpyOps` (numpy_ops.py) is the executable
+specification and `WgpuOps` (gpu/) must match it. The operations are the pieces of a
+pre-norm decoder block, at the granularity where a GPU wants to fuse them:
+
+    qkv  = norm_linear(x, input_norm, eps, qkv_weight, qkv_bias)   # rms_norm fused into the product
+    q    = rope_store(qkv, rope, kv_cache, layer, start)         # RoPE on q and k, k/v into the cache
+    attn = attention(q, kv_cache, layer, start)                   # causal, grouped-query
+    x    = linear(attn, o_weight, residual=x)                      # residual add fused
+    h    = norm_linear(x, post_norm, eps, gate_up_weight)
+    x    = linear(silu_mul(h), down_weight, residual=x)
+
+Activations are opaque handles of shape ``[tokens, features]`` (a numpy array on the CPU, a
+GPU buffer view on the GPU). A backend may record work lazily and run it when a result is read
+(`read`, `argmax`, `top_k`), so callers must only look at results through those three.
+
+Conventions every backend follows:
+- Weight matrices are ``[out_features, in_features]`` (Hugging Face layout); ``linear`` computes
+  ``x @ W.T (+ bias) (+ residual)``.
+- ``rms_norm(x) = x / sqrt(mean(x**2) + eps) * weight``, in float32.
+- RoPE is the Hugging Face "rotate half" form. The table passed to ``rope_store`` is
+  ``[positions, head_dim]``: ``cos`` in the first ``head_dim // 2`` columns and ``sin`` in the
+  rest. For the pair ``(x1, x2) = (x[i], x[i + head_dim // 2])`` at position ``p``:
+  ``x1' = x1 cos - x2 sin`` and ``x2' = x2 cos + x1 sin``.
+- A ``qkv`` activation holds, per token, ``num_heads * head_dim`` query values, then
+  ``num_kv_heads * head_dim`` keys, then as many values; head ``h`` is the slice
+  ``[h * head_dim, (h + 1) * head_dim)`` of its part.
+- ``attention``: query row ``t`` sits at absolute position ``start + t`` and attends to cache
+  positions ``0 ..= start + t`` with scale ``1 / sqrt(head_dim)``; query head ``h`` reads kv head
+  ``h // (num_heads // num_kv_heads)``. Softmax in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from kjarni.weights import QuantTensor
+
+Activation = Any
+"""A backend's activation handle, shape ``[tokens, features]``."""
+
+Weight = Any
+"""A backend's weight handle, uploaded once."""
+
+WeightSource = np.ndarray | QuantTensor
+
+
+class KVCache(Protocol):
+    """Keys and values of every layer, allocated once for ``capacity`` positions.
+
+    ``offset`` is the number of positions filled; the model writes new positions at
+    ``offset`` and then advances it. ``trim(n)`` forgets the last ``n`` positions (speculative
+    rollback, prefix reuse) without touching memory.
+    """
+
+    capacity: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def trim(self, n: int) -> int: ...
+
+
+class Ops(Protocol):
+    """Backend operations a decoder forward is written against."""
+
+    name: str
+    """``"cpu"`` or ``"gpu"``."""
+
+    def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> Weight:
+        """Upload a weight once. A sequence is stacked along rows (fused q/k/v, gate/up).
+
+        Parts may be of different stored formats; the backend chooses how to keep them.
+        A 1-D array is a vector (norm weight, bias); a 2-D one is ``[rows, cols]``.
+        """
+        ...
+
+    def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
+        """Allocate the KV cache for ``capacity`` positions, once per generation (or reuse)."""
+        ...
+
+    def embed(self, table: Weight, token_ids: np.ndarray) -> Activation:
+        """Rows of ``table`` for ``token_ids`` (int32, shape ``[tokens]``)."""
+        ...
+
+    def rms_norm(self, x: Activation, weight: Weight, eps: float) -> Activation: ...
+
+    def linear(
+        self, x: Activation, weight: Weight, bias: Weight | None = None, residual: Activation | None = None
+    ) -> Activation:
+        """``x @ weight.T + bias + residual`` (bias and residual optional)."""
+        ...
+
+    def norm_linear(
+        self, x: Activation, norm_weight: Weight, eps: float, weight: Weight, bias: Weight | None = None
+    ) -> Activation:
+        """``linear(rms_norm(x, norm_weight, eps), weight, bias)``, fused where the backend can."""
+        ...
+
+    def rope_store(self, qkv: Activation, rope: Weight, kv_cache: KVCache, layer: int, start: int) -> Activation:
+        """Rotate q and k of ``qkv`` for positions ``start ..``, store k and v in the cache; return q."""
+        ...
+
+    def attention(self, q: Activation, kv_cache: KVCache, layer: int, start: int) -> Activation:
+        """Causal grouped-query attention of ``q`` against cache positions ``0 .. start + tokens``."""
+        ...
+
+    def silu_mul(self, x: Activation) -> Activation:
+        """``silu(x[:, :n]) * x[:, n:]`` for ``x`` of width ``2n`` (fused gate and up)."""
+        ...
+
+    def rows(self, x: Activation, first: int, count: int) -> Activation:
+        """Rows ``first .. first + count`` of ``x``."""
+        ...
+
+    def read(self, x: Activation) -> np.ndarray:
+        """The values of ``x`` as a float32 numpy array (runs pending work)."""
+        ...
+
+    def argmax(self, x: Activation) -> np.ndarray:
+        """Index of the largest value of each row, int64 ``[tokens]``; the lowest index wins ties."""
+        ...
+
+    def top_k(self, x: Activation, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` largest values of each row and their indices, sorted descending."""
+        ...
