@@ -1,0 +1,269 @@
+"""The generation loop: prefill, decode, and the stop rules, as stacked generators.
+
+    prefill / decode_one_token   one forward each (the whole prompt; one token)
+    generate_step                endless (token_id, logprob) pairs: every token is fed back
+    stream_generate              TokenEvents: detokenizer, stop rules, stats (the ONE place
+                                 where generation ends: eos, max_tokens, context, stop strings)
+
+A KV cache is allocated once per generation unless the caller passes one (the prefix cache).
+Where the sampler allows (greedy or top-k without a penalty) the loop asks the backend for
+``argmax`` or ``top_k`` candidates instead of reading the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from kjarni.detokenizer import StopStrings, StreamingDetokenizer
+from kjarni.errors import ContextOverflowError, InvalidConfigurationError
+from kjarni.ops import Activation, KVCache
+from kjarni.sampling import Sampler, make_sampler, validate_sampling
+
+MAX_CANDIDATES = 1024
+"""Beyond this many top-k candidates the loop reads the whole vocabulary instead (no gain left)."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything one generation needs beyond the prompt; validated on construction.
+
+    ``seed=None`` draws fresh entropy. ``eos_token_ids`` end generation and are never emitted as
+    text. ``stop`` strings end it too; the text before the first one is emitted, the stop string
+    itself is not. ``logprobs=True`` makes every ``TokenEvent`` carry a logprob (it forces the
+    whole vocabulary to be read each step); otherwise the greedy and top-k paths skip it and
+    report ``None``.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    eos_token_ids: frozenset[int] = frozenset()
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        validate_sampling(
+            self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.max_tokens
+        )
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "eos_token_ids", frozenset(int(i) for i in self.eos_token_ids))
+        StopStrings(self.stop)  # rejects empty stop strings now rather than mid-generation
+
+    def sampler(self) -> Sampler:
+        """The `Sampler` these settings describe."""
+        return make_sampler(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token.
+
+    ``text`` is the new visible text this token completes (may be empty: special tokens, half a
+    UTF-8 character, text held back as a possible stop string). ``logprob`` is the model's
+    log-probability of the token (log-softmax of the penalised logits), or None when the loop did
+    not read the vocabulary. ``finish_reason`` is set on the last event only: ``"eos"`` (an end
+    token: its text is only what was still held back), ``"length"`` (max_tokens), ``"stop"`` (a stop
+    string completed: ``text`` ends before it) or ``"context"`` (prompt plus output fill the context).
+    """
+
+    token_id: int
+    text: str
+    is_special: bool
+    logprob: float | None
+    finish_reason: str | None = None
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generation, filled in while it runs.
+
+    ``prefill_seconds`` covers the prompt forward and the first token; ``decode_seconds`` every
+    later token; ``tokens_per_second`` is decode speed (tokens after the first / decode_seconds).
+    Time the consumer spends between tokens is not counted.
+    """
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    finish_reason: str | None = None
+    cached_prompt_tokens: int = 0
+
+
+# ---------------------------------------------------------------- forward phases
+
+
+def prefill(model, kv_cache: KVCache, prompt_ids: Sequence[int] | np.ndarray) -> Activation:
+    """One forward over ``prompt_ids`` at ``kv_cache.offset``; the last position's logits."""
+    return model.forward(np.asarray(prompt_ids, dtype=np.int32), kv_cache, logits="last")
+
+
+def decode_one_token(model, kv_cache: KVCache, token_id: int) -> Activation:
+    """One forward of a single token at ``kv_cache.offset``; its logits ``[1, vocab]``."""
+    return model.forward(np.asarray([token_id], dtype=np.int32), kv_cache, logits="last")
+
+
+def choose_token(
+    model,
+    logits: Activation,
+    sampler: Sampler,
+    history: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    logprobs: bool = False,
+) -> tuple[int, float | None]:
+    """Pick the next token from a logits activation, reading as little of it as the sampler allows."""
+    ops = model.ops
+    fast = not (sampler.needs_full_logits or logprobs)
+    if fast and sampler.greedy:
+        return int(ops.argmax(logits)[0]), None
+    if fast and sampler.candidate_count <= MAX_CANDIDATES:
+        values, ids = ops.top_k(logits, sampler.candidate_count)
+        token = sampler.sample_candidates(values[0], ids[0], rng)
+        if token is not None:  # None: a tie at the top-k boundary, decided on the full logits
+            return token, None
+    return sampler.sample(ops.read(logits)[0], history, rng)
+
+
+def generate_step(
+    model,
+    prompt_ids: Sequence[int],
+    sampler: Sampler,
+    rng: np.random.Generator,
+    kv_cache: KVCache,
+    *,
+    logprobs: bool = False,
+) -> Iterator[tuple[int, float | None]]:
+    """Endless ``(token_id, logprob)`` pairs; the caller decides when to stop.
+
+    Prefills the part of ``prompt_ids`` not already in ``kv_cache`` (its first ``kv_cache.offset``
+    positions are taken to hold ``prompt_ids[:offset]``; a fully cached prompt re-runs its last
+    token for logits). Every sampled token is fed back, visible text or not, but only when the
+    next one is asked for: stopping costs no wasted forward. Raises ``ContextOverflowError`` from
+    the model once the cache is full.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if kv_cache.offset >= len(prompt):
+        kv_cache.trim(kv_cache.offset - len(prompt) + 1)
+    history = list(prompt)
+    logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
+    while True:
+        token, logprob = choose_token(model, logits, sampler, history, rng, logprobs=logprobs)
+        history.append(token)
+        yield token, logprob
+        logits = decode_one_token(model, kv_cache, token)
+
+
+# ---------------------------------------------------------------- the stop rules
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    kv_cache: KVCache | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[TokenEvent]:
+    """Generate from ``prompt_ids`` (already encoded, BOS included) and yield a ``TokenEvent`` per token.
+
+    This is where generation ends, in this priority: an eos id (``"eos"``), a completed stop string
+    (``"stop"``), ``max_tokens`` (``"length"``), prompt plus output filling the context or the cache
+    (``"context"``). Text held back (half a character, a possible stop-string start) is flushed
+    into the last event. The cache is allocated here with capacity
+    ``min(context, prompt + max_tokens)`` unless ``kv_cache`` is given. Closing the generator early
+    releases everything it holds. ``stats``, if given, is filled in as tokens arrive.
+
+    Raises ``InvalidConfigurationError`` for an empty prompt or ids outside the vocabulary and
+    ``ContextOverflowError`` (naming both lengths) when the prompt leaves no room to generate;
+    these are raised by the call itself, before any token (the cache is allocated then too).
+    """
+    prompt = [int(t) for t in prompt_ids]
+    _check_prompt(model, prompt, kv_cache)
+    if kv_cache is None:
+        kv_cache = model.new_cache(min(model.context_size, len(prompt) + params.max_tokens))
+    if stats is None:
+        stats = GenerationStats()
+    else:  # a reused stats object starts from zero
+        for f in fields(GenerationStats):
+            setattr(stats, f.name, f.default)
+    stats.prompt_tokens = len(prompt)
+    stats.cached_prompt_tokens = min(kv_cache.offset, len(prompt) - 1)
+    return _events(model, tokenizer, prompt, params, kv_cache, stats)
+
+
+def _events(
+    model, tokenizer, prompt: list[int], params: GenerationParams, kv_cache: KVCache, stats: GenerationStats
+) -> Iterator[TokenEvent]:
+    limit = min(model.context_size, kv_cache.capacity)  # prompt + output may not exceed this
+    rng = np.random.default_rng(params.seed)
+    detokenizer = StreamingDetokenizer(tokenizer)
+    stops = StopStrings(params.stop)
+    steps = generate_step(model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs)
+    try:
+        while True:
+            started = time.perf_counter()
+            token, logprob = next(steps)
+            _count(stats, time.perf_counter() - started)
+            generated = stats.generated_tokens
+
+            if token in params.eos_token_ids:
+                reason, text = "eos", ""
+            else:
+                text, stopped = stops.feed(detokenizer.add(token))
+                reason = "stop" if stopped else None
+            if reason is None and generated >= params.max_tokens:
+                reason = "length"
+            if reason is None and len(prompt) + generated >= limit:
+                reason = "context"
+            if reason in ("eos", "length", "context"):
+                tail, _ = stops.feed(detokenizer.flush())
+                text += tail + stops.flush()
+            is_special = token in params.eos_token_ids or bool(tokenizer.is_special(token))
+            stats.finish_reason = reason
+            yield TokenEvent(token, text, is_special, logprob, reason)
+            if reason is not None:
+                return
+    finally:
+        steps.close()
+
+
+def _count(stats: GenerationStats, elapsed: float) -> None:
+    stats.generated_tokens += 1
+    if stats.generated_tokens == 1:
+        stats.prefill_seconds += elapsed
+    else:
+        stats.decode_seconds += elapsed
+    if stats.decode_seconds > 0:
+        stats.tokens_per_second = (stats.generated_tokens - 1) / stats.decode_seconds
+
+
+def _check_prompt(model, prompt: list[int], kv_cache: KVCache | None) -> None:
+    if not prompt:
+        raise InvalidConfigurationError(
+            "the prompt has no tokens; pass at least one token id (the API adds BOS where the model has one)"
+        )
+    vocab = model.config.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise InvalidConfigurationError(
+            f"prompt token id {bad[0]} is outside the vocabulary of {vocab}; encode with this model's tokenizer"
+        )
+    context = model.context_size if kv_cache is None else min(model.context_size, kv_cache.capacity)
+    if len(prompt) >= context:
+        where = "context" if kv_cache is None or kv_cache.capacity >= model.context_size else "KV cache capacity"
+        raise ContextOverflowError(
+            f"the prompt of {len(prompt)} tokens leaves no room to generate in the model's {where} of "
+            f"{context} tokens; shorten the prompt (nothing is truncated)",
+            tokens=len(prompt),
+            context=context,
+        )
