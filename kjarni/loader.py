@@ -1,0 +1,76 @@
+"""From model files on disk to a runnable model: weights, config, tokenizer and the forward.
+
+``load_model`` accepts what ``sources.resolve`` returns: a ``.gguf`` file, a ``.safetensors``
+file inside a model folder, or a folder holding ``config.json`` with safetensors (and possibly
+GGUF) files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kjarni.config import GenerationDefaults, ModelConfig
+from kjarni.errors import LoadFailedError
+from kjarni.model import DecoderModel
+from kjarni.numpy_ops import NumpyOps
+from kjarni.ops import Ops
+from kjarni.tokenizer import Tokenizer
+from kjarni.weights import Weights, check_shapes, load_weights
+
+
+@dataclass
+class LoadedModel:
+    """Everything a generator needs from one model's files."""
+
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    generation_defaults: GenerationDefaults
+    weights: Weights
+    model: DecoderModel
+
+
+def find_model_file(path: Path, prefer: str = "safetensors") -> Path:
+    """The file (GGUF) or folder (safetensors) to load from ``path``.
+
+    A folder holding both formats is read as ``prefer`` says (``"safetensors"`` or ``"gguf"``).
+    """
+    if not path.exists():
+        raise LoadFailedError(f"model path {str(path)!r} does not exist; pass a .gguf file or a model folder")
+    if path.is_file():
+        if path.suffix in (".gguf", ".safetensors"):
+            return path if path.suffix == ".gguf" else path.parent
+        raise LoadFailedError(f"{path}: not a model file (expected .gguf or .safetensors)")
+    ggufs = sorted(path.glob("*.gguf"))
+    has_safetensors = (path / "config.json").exists() and any(path.glob("*.safetensors"))
+    if has_safetensors and (prefer == "safetensors" or not ggufs):
+        return path
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if len(ggufs) > 1:
+        names = ", ".join(p.name for p in ggufs)
+        raise LoadFailedError(f"{path} holds several GGUF files ({names}); pass the one to load")
+    raise LoadFailedError(
+        f"{path} holds no model: expected config.json with *.safetensors, or a .gguf file"
+    )
+
+
+def load_model(path: str | Path, *, ops: Ops | None = None, prefer: str = "safetensors") -> LoadedModel:
+    """Load the model at ``path`` onto ``ops`` (the numpy backend unless given)."""
+    source = find_model_file(Path(path), prefer)
+    ops = ops or NumpyOps()
+    weights = load_weights(source)
+    if source.suffix == ".gguf":
+        reader = weights.gguf_reader
+        config = ModelConfig.from_gguf(reader, path=source)
+        tokenizer = Tokenizer.from_gguf(reader)
+        defaults = GenerationDefaults.from_gguf(reader)
+    else:
+        config = ModelConfig.from_json(source / "config.json")
+        tokenizer = Tokenizer.from_dir(source)
+        generation_config = source / "generation_config.json"
+        defaults = GenerationDefaults.from_json(generation_config) if generation_config.exists() else GenerationDefaults()
+    check_shapes(weights, config)
+    model = DecoderModel(config, weights, ops)
+    return LoadedModel(source, config, tokenizer, defaults, weights, model)

@@ -1,0 +1,71 @@
+"""Benchmark the numpy backend on real models: load time, decode ms/token, peak RSS. Prints JSON.
+
+Each model runs in a fresh subprocess so that its peak RSS is its own. The model must be in the
+cache (or fetchable from PyPI): ``python tools/bench_numpy.py --model smollm2-135m-instruct``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def measure(name: str, decode_steps: int, prompt_tokens: int) -> dict:
+    from kjarni.loader import load_model
+    from kjarni.sources import resolve
+
+    path = resolve(name, quiet=True).path
+    start = time.perf_counter()
+    loaded = load_model(path)
+    load_seconds = time.perf_counter() - start
+    model = loaded.model
+    prompt = np.arange(prompt_tokens, dtype=np.int32) % 1000 + 100
+    cache = model.new_cache(prompt_tokens + decode_steps + 1)
+    start = time.perf_counter()
+    token = int(model.ops.argmax(model.forward(prompt, cache))[0])
+    prefill_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(decode_steps):
+        token = int(model.ops.argmax(model.forward([token], cache))[0])
+    decode_seconds = time.perf_counter() - start
+    return {
+        "model": name,
+        "file": str(path),
+        "load_seconds": round(load_seconds, 3),
+        "prompt_tokens": prompt_tokens,
+        "prefill_seconds": round(prefill_seconds, 3),
+        "decode_steps": decode_steps,
+        "decode_ms_per_token": round(1000 * decode_seconds / decode_steps, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", action="append", help="registry name (repeatable)")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.decode_steps, args.prompt_tokens)))
+        return
+    results = []
+    for name in args.model or ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]:
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", name, "--decode-steps", str(args.decode_steps),
+             "--prompt-tokens", str(args.prompt_tokens)],
+            check=True, capture_output=True, text=True,
+        )
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(json.dumps({"backend": "numpy", "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
