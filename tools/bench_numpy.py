@@ -61,7 +61,7 @@ def main() -> None:
         out = subprocess.run(
             [sys.executable, __file__, "--one", name, "--decode-steps", str(args.decode_steps),
              "--prompt-tokens", str(args.prompt_tokens)],
-            check=True, capture_output=True, text=True,
+            check=True, stdout=subprocess.PIPE, text=True,
         )
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(json.dumps({"backend": "numpy", "results": results}, indent=2))
