@@ -1,0 +1,71 @@
+// embed_q5_0: out[t, :] = dequant(table[ids[t], :]) for a Q5_0 table (layout: kjarni/gpu/quant.py).
+// Bindings: params, ids, w_a, w_b, out (docs/gpu-kernels.md, embedding gather family).
+// Grid: (min(tokens, 65535), 1, 1); workgroups stride over tokens, invocations over a row's units.
+// A table split into row chunks is one dispatch per chunk: each writes the ids it holds.
+
+struct Params {
+    rows: u32,        // vocabulary rows in this chunk of the table
+    cols: u32,        // hidden size
+    tokens: u32,      // ids to gather
+    flags: u32,       // unused
+    row_offset: u32,  // first vocabulary row of this chunk: ids outside the chunk are skipped
+    y_stride: u32,    // unused
+    eps: f32,         // unused
+    _pad: u32,
+}
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;          // [tokens]
+@group(0) @binding(2) var<storage, read> w_a: array<u32>;          // packed quants, [rows, words_a]
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;          // scales / mins, [rows, words_b]
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;    // [tokens, cols]
+
+override WG: u32 = 64u;
+
+// Q5_0: w_a = 5 words per block (4 qs words, then qh: bit j is value j's fifth bit), w_b = block
+// scales d as f16 pairs (kjarni/gpu/quant.py). A unit is one qs word i of block b: values
+// 4i .. 4i + 3 (low nibbles) and 16 + 4i .. (high), each d * (q - 16).
+const UNIT: u32 = 8u;
+
+// Bits 0..3 of h as the fifth bit (16) of four values.
+fn high4(h: u32) -> vec4<u32> {
+    return (vec4<u32>(h, h >> 1u, h >> 2u, h >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
+}
+
+fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
+    let nb = params.cols / 32u;
+    let blk = u / 4u;
+    let i = u % 4u;
+    let base = row * (nb * 5u) + blk * 5u;
+    let q = w_a[base + i];
+    let qh = w_a[base + 4u];
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
+    let lo = vec4<f32>(unpack4xU8(q & 0x0F0F0F0Fu) | high4(qh >> (4u * i))) - 16.0;
+    let hi = vec4<f32>(unpack4xU8((q >> 4u) & 0x0F0F0F0Fu) | high4(qh >> (16u + 4u * i))) - 16.0;
+    return array<vec4<f32>, 2>(d * lo, d * hi);
+}
+
+fn unit_col(u: u32, k: u32) -> u32 {
+    return (u / 4u) * 32u + (u % 4u) * 4u + 16u * k;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+    let units = params.cols / UNIT;
+    for (var t = wg.x; t < params.tokens; t += nwg.x) {
+        let id = ids[t];
+        if (id < params.row_offset || id - params.row_offset >= params.rows) {
+            continue;
+        }
+        for (var u = lane; u < units; u += WG) {
+            let v = unit_values(id - params.row_offset, u);
+            for (var k = 0u; k < UNIT / 4u; k++) {
+                let o = t * params.cols + unit_col(u, k);
+                out[o] = v[k].x;
+                out[o + 1u] = v[k].y;
+                out[o + 2u] = v[k].z;
+                out[o + 3u] = v[k].w;
+            }
+        }
+    }
+}
