@@ -1,0 +1,7 @@
+"""``python -m kjarni``: the same command line as ``kjarni``."""
+
+import sys
+
+from kjarni.cli import main
+
+sys.exit(main())

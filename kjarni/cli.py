@@ -1,0 +1,265 @@
+"""The ``kjarni`` command: generate text, list and fetch models, list presets.
+
+    kjarni generate "Once upon a time" --max-tokens 50 --seed 1
+    echo "def fib(n):" | kjarni generate - --preset generator_code_v1
+    kjarni models
+    kjarni pull smollm2-135m-instruct
+    kjarni presets
+
+Generated text goes to stdout, everything else (progress, notices, errors) to stderr. Exit codes:
+0 success, 2 bad arguments or settings, 1 any other failure, 130 interrupted. Errors are one line;
+``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import traceback
+from typing import Sequence
+
+from kjarni import __version__
+from kjarni.errors import InvalidConfigurationError, KjarniError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _UsageError(Exception):
+    """Bad command-line arguments (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so errors stay one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="kjarni", description="Text generation for decoder language models (numpy CPU or WebGPU).")
+    parser.add_argument("--version", action="version", version=f"kjarni {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quiet", "-q", action="store_true", help="no progress or notices on stderr")
+    common.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    common.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $KJARNI_CACHE_DIR or ~/.cache/kjarni)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    gen = commands.add_parser("generate", parents=[common], help="generate text from a prompt (streams to stdout)",
+                              description="Generate text after PROMPT and stream it to stdout.")
+    gen.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads it from stdin (one trailing newline dropped)")
+    gen.add_argument("--model", "-m", help="registry model name (default: the preset's, else smollm2-135m-instruct)")
+    gen.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead of --model")
+    gen.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
+    gen.add_argument("--preset", help="a preset name from `kjarni presets` (model, device, temperature, max tokens)")
+    gen.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
+    gen.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely tokens (0: off)")
+    gen.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold in (0, 1]")
+    gen.add_argument("--min-p", type=float, metavar="P", help="min-p threshold in [0, 1]")
+    gen.add_argument("--repetition-penalty", type=float, metavar="R", help="penalty on repeated tokens (1: off)")
+    gen.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    gen.add_argument("--stop", action="append", metavar="TEXT", help=r"stop before TEXT (repeatable; \n, \t and \\ are understood)")
+    gen.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
+    gen.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with the text and stats instead of streaming")
+
+    commands.add_parser("models", parents=[common], help="list known models, their sizes and what is cached",
+                        description="List the registry's models with sizes and whether each is in the cache.")
+    pull = commands.add_parser("pull", parents=[common], help="download a model into the cache",
+                               description="Download a registry model into the cache (with progress on stderr).")
+    pull.add_argument("name", metavar="NAME", help="registry model name (see `kjarni models`)")
+    commands.add_parser("presets", parents=[common], help="list generator presets",
+                        description="List the generator presets usable with `kjarni generate --preset`.")
+    return parser
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from kjarni.generator import GenerationOverrides, GeneratorBuilder
+
+    if args.greedy and args.temperature is not None:
+        raise _UsageError("--greedy and --temperature contradict each other; pass one of them")
+    if args.model and args.model_path:
+        raise _UsageError("--model and --model-path both name a model; pass one of them")
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if prompt.endswith("\n"):
+            prompt = prompt[:-1]
+    # Built before loading anything, so a bad value costs no download.
+    overrides = GenerationOverrides(
+        max_tokens=args.max_tokens,
+        temperature=0.0 if args.greedy else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(_unescape(s) for s in args.stop) if args.stop else None,
+    )
+    builder = GeneratorBuilder(args.model)
+    if args.preset:
+        builder.preset(args.preset)
+    if args.model_path:
+        builder.model_path(args.model_path)
+    if args.device:
+        builder.device(args.device)
+    if args.cache_dir:
+        builder.cache_dir(args.cache_dir)
+    if args.offline:
+        builder.offline()
+    if args.quiet:
+        builder.quiet()
+    generator = builder.generation_config(overrides).build()
+
+    stream = generator.stream_text(prompt)
+    with stream:
+        if args.json:
+            text = "".join(stream)
+        else:
+            text = ""
+            for piece in stream:
+                text += piece
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    if args.json:
+        stats = generator.last_stats
+        result = {
+            "model": generator.model_name,
+            "device": generator.device.value,
+            "text": text,
+            "finish_reason": stream.finish_reason,
+            "stats": dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else None,
+            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(stream.config).items()},
+        }
+        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
+    elif not text.endswith("\n"):
+        sys.stdout.write("\n")
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    r"""``\n``, ``\t``, ``\r`` and ``\\`` as typed in a shell (``--stop "\n\n"``); anything else stays as is."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from kjarni import registry, sources
+    from kjarni.progress import format_bytes
+
+    cache = sources.cache_dir(args.cache_dir)
+    rows = [("NAME", "PARAMS", "SIZE", "CONTEXT", "CACHED", "DESCRIPTION")]
+    for entry in registry.entries():
+        cached = sources.cached_path(entry, cache)
+        name = entry.name + (" (default)" if entry.name == registry.DEFAULT_MODEL else "")
+        rows.append((
+            name, entry.params, format_bytes(entry.size_mb * 1e6), str(entry.context),
+            "yes" if cached is not None else "no", entry.description,
+        ))
+    _table(rows)
+    print(f"\ncache: {cache}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from kjarni import sources
+
+    source = sources.pull(args.name, cache_dir=args.cache_dir, quiet=args.quiet)
+    print(source.path)
+    return EXIT_OK
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from kjarni.generator.presets import ALL_V1_PRESETS
+
+    rows = [("NAME", "MODEL", "DEVICE", "TEMPERATURE", "MAX TOKENS", "MEMORY", "DESCRIPTION")]
+    for p in ALL_V1_PRESETS:
+        temperature = "-" if p.temperature is None else f"{p.temperature:g}"
+        rows.append((p.name, p.model, p.recommended_device.value, temperature, str(p.default_max_tokens),
+                     f"{p.memory_mb} MB", p.description))
+    _table(rows)
+    return EXIT_OK
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        print("  ".join([*cells, row[-1]]))
+
+
+_COMMANDS = {"generate": _generate, "models": _models, "pull": _pull, "presets": _presets}
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    try:  # generated text is Unicode: never die on a console that cannot show a character
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    _quiet_mesa()
+    try:
+        args = _parser().parse_args(argv)
+        debug = args.debug if hasattr(args, "debug") else debug
+        if args.command is None:
+            raise _UsageError("a command is needed: generate, models, pull or presets (see `kjarni --help`)")
+        return _COMMANDS[args.command](args)
+    except _UsageError as error:
+        return _fail(f"error: {error}", EXIT_USAGE, debug)
+    except InvalidConfigurationError as error:
+        return _fail(f"error: {error}", EXIT_USAGE, debug)
+    except KjarniError as error:
+        return _fail(f"error: {error}", EXIT_ERROR, debug)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED, debug)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return EXIT_ERROR
+    except Exception as error:  # noqa: BLE001 - a one-line message, the traceback with --debug
+        return _fail(f"internal error: {type(error).__name__}: {error}", EXIT_ERROR, debug)
+
+
+def _quiet_mesa() -> None:
+    """Mesa prints "XDG_RUNTIME_DIR is invalid" on stderr whenever WebGPU adapters are probed in a
+    headless session; a private folder (what a login session would give) keeps stderr clean."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if not current or not os.path.isdir(current):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
+
+
+def _fail(message: str, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    # Messages stay on one line so scripts can show or grep them.
+    print(f"kjarni: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

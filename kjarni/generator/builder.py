@@ -1,0 +1,460 @@
+"""``GeneratorBuilder``: every setting of a Generator, chainable, checked before any work.
+
+    generator = (Generator.builder("smollm2-135m-instruct")
+                 .cpu().temperature(0.8).max_tokens(100).build())
+
+Sampling setters check their value at once (``InvalidConfigurationError`` names it and its
+range); ``build()`` checks the rest before it downloads or loads anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kjarni import registry, sources
+from kjarni.errors import GpuUnavailableError, InvalidConfigurationError, KjarniError, LoadFailedError
+from kjarni.generator.config import (
+    KJARNI_DEFAULTS,
+    GenerationOverrides,
+    KjarniDevice,
+    LoadConfig,
+    LoadConfigBuilder,
+    ResolvedGenerationConfig,
+)
+from kjarni.generator.generator import Generator, _notice
+from kjarni.generator.presets import GeneratorPreset, GeneratorTier, find_preset, list_presets
+from kjarni.sources import DownloadPolicy
+
+DEFAULT_PREFIX_CACHE_TOKENS = 4096
+"""Tokens a prefix cache holds unless the caller picks a size.
+
+Sized against memory rather than the model's context window: KV is eagerly allocated f32, roughly
+24KB per token on Qwen2.5-0.5B, so this is about 96MB there while that model's full 32768-token
+context would be 768MB.
+"""
+
+# Settings of creative() and precise(): a builder layer, so later setters still override them.
+CREATIVE = GenerationOverrides(temperature=1.0, top_p=0.95, top_k=0, min_p=0.05)
+PRECISE = GenerationOverrides(temperature=0.2, top_p=0.9, top_k=20)
+
+# Models larger than this run slowly on the numpy backend; build() says so unless allow_warnings().
+_CPU_WARN_PARAMS = 1.0e9
+
+
+def _gpu_ops(load_config: LoadConfig, context: Any) -> tuple[Any, Any]:
+    """The WebGPU backend for ``load_config`` on ``context`` (a new ``WgpuContext`` when None).
+
+    Returns ``(ops, context)``; raises ``GpuUnavailableError`` saying why when there is no GPU.
+    The one place the GPU backend is wired in.
+    """
+    try:
+        from kjarni.gpu import WgpuContext, WgpuOps
+    except ImportError as error:
+        raise GpuUnavailableError(
+            f"the WebGPU backend is not available in this kjarni build ({error}); use device='cpu' (cpu())"
+        ) from None
+    weight_format = load_config.weight_format
+    if weight_format == "q8_0":
+        raise InvalidConfigurationError(
+            "weight_format 'q8_0' (quantizing at load) is not implemented by the GPU backend yet; "
+            "use 'quantized' (GGUF blocks kept as stored), 'f16' or 'f32'"
+        )
+    if weight_format == "quantized":
+        # WgpuOps keeps GGUF quantized blocks as stored wherever it has a kernel for them; the
+        # remaining tensors (norms, unsupported types) are held as f16.
+        weight_format = "f16"
+    if context is None:
+        context = WgpuContext()
+    ops = WgpuOps(context, weight_format=weight_format, kv_format=load_config.kv_dtype)
+    return ops, context
+
+
+def _software_adapter() -> str | None:
+    """For ``AUTO``: a description of the best adapter when it is a software one (llvmpipe), else None.
+
+    A CPU-emulated WebGPU adapter is slower than the numpy backend, so ``AUTO`` does not take it;
+    ``gpu()`` still does. Raises ``GpuUnavailableError`` when there is no adapter at all.
+    """
+    try:
+        from kjarni.gpu import find_adapter
+    except ImportError:
+        return None  # _gpu_ops reports the missing backend
+    adapter = find_adapter()
+    info = adapter.info
+    if str(info.get("adapter_type")) == "CPU":
+        return str(info.get("device") or info.get("description") or "a software adapter")
+    return None
+
+
+def _parse_params(params: str) -> float | None:
+    """``"135M"`` -> 1.35e8, ``"1.5B"`` -> 1.5e9 (registry ``params``); None if unreadable."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+    text = params.strip().upper()
+    try:
+        return float(text[:-1]) * scale[text[-1]]
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
+class GeneratorBuilder:
+    """Builder for configuring a Generator; every method returns the builder."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None) -> None:
+        self._model = os.fspath(model) if model is not None else None
+        self._model_path: Path | None = None
+        self._device = KjarniDevice.AUTO
+        self._context: Any = None
+        self._preset: GeneratorPreset | None = None
+        self._overrides = GenerationOverrides()
+        self._load_config = LoadConfig()
+        self._load_config_set = False
+        self._cache_dir: Path | None = None
+        self._download_policy = DownloadPolicy.IF_MISSING
+        self._quiet = False
+        self._allow_warnings = False
+        self._draft: tuple[str, int] | None = None
+        self._prefix_cache_tokens: int | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"GeneratorBuilder(model={self._model!r}, model_path={self._model_path}, device={self._device.value!r}, "
+            f"preset={self._preset.name if self._preset else None!r}, overrides={self._overrides})"
+        )
+
+    # ------------------------------------------------------------ model and device
+
+    @classmethod
+    def new(cls, model: str | os.PathLike[str] | None = None) -> GeneratorBuilder:
+        """A builder for ``model`` (a registry name or a local path; None: the default model)."""
+        return cls(model)
+
+    def model_path(self, path: str | os.PathLike[str]) -> GeneratorBuilder:
+        """Load the model from a local ``.gguf`` file or model folder instead of the registry."""
+        self._model_path = Path(path).expanduser()
+        return self
+
+    def device(self, device: KjarniDevice | str) -> GeneratorBuilder:
+        """Set the device: ``KjarniDevice.CPU``, ``GPU`` or ``AUTO`` (or ``"cpu"``, ``"gpu"``, ``"auto"``)."""
+        self._device = KjarniDevice.parse(device)
+        return self
+
+    def cpu(self) -> GeneratorBuilder:
+        """Use the CPU (numpy) for inference."""
+        return self.device(KjarniDevice.CPU)
+
+    def gpu(self) -> GeneratorBuilder:
+        """Use the GPU (WebGPU); ``build()`` raises ``GpuUnavailableError`` when there is none."""
+        return self.device(KjarniDevice.GPU)
+
+    def with_context(self, context: Any) -> GeneratorBuilder:
+        """Run on a pre-created ``WgpuContext`` (shared between Generators); implies the GPU."""
+        self._context = context
+        return self.device(KjarniDevice.GPU)
+
+    # ------------------------------------------------------------ presets
+
+    @classmethod
+    def from_preset(cls, preset: GeneratorPreset | GeneratorTier | str) -> GeneratorBuilder:
+        """A builder for a preset's model, device and sampling defaults (a preset, tier or preset name)."""
+        return cls().preset(preset)
+
+    def preset(self, preset: GeneratorPreset | GeneratorTier | str) -> GeneratorBuilder:
+        """Apply a preset: its temperature and max tokens (below builder settings), its device, and its
+        model unless this builder already names one. A preset recommending the GPU uses ``AUTO``, so it
+        still runs where there is none."""
+        if isinstance(preset, GeneratorTier):
+            preset = preset.resolve()
+        elif isinstance(preset, str):
+            found = find_preset(preset)
+            if found is None:
+                raise InvalidConfigurationError(
+                    f"unknown preset {preset!r}; presets: {', '.join(list_presets())}"
+                )
+            preset = found
+        if not isinstance(preset, GeneratorPreset):
+            raise InvalidConfigurationError(f"preset must be a GeneratorPreset, GeneratorTier or name, got {preset!r}")
+        self._preset = preset
+        if self._model is None and self._model_path is None:
+            self._model = preset.model
+        self._device = KjarniDevice.CPU if preset.recommended_device is KjarniDevice.CPU else KjarniDevice.AUTO
+        return self
+
+    def creative(self) -> GeneratorBuilder:
+        """Creative generation: temperature 1.0, top-p 0.95, min-p 0.05, no top-k."""
+        return self.generation_config(CREATIVE)
+
+    def precise(self) -> GeneratorBuilder:
+        """Precise generation: temperature 0.2, top-p 0.9, top-k 20."""
+        return self.generation_config(PRECISE)
+
+    # ------------------------------------------------------------ later issues
+
+    def draft(self, name: str, num_tokens: int) -> GeneratorBuilder:
+        """Speculative decoding with ``name`` as the draft model proposing ``num_tokens`` per round.
+
+        The draft must share this model's vocabulary (qwen2.5-0.5b drafting for qwen2.5-1.5b).
+        Not implemented yet: ``build()`` raises ``InvalidConfigurationError``.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidConfigurationError(f"draft model name {name!r} must be a non-empty str")
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+            raise InvalidConfigurationError(f"draft num_tokens={num_tokens!r} is out of range: it must be an integer >= 1")
+        self._draft = (name, num_tokens)
+        return self
+
+    def prefix_cache(self, enabled: bool = True) -> GeneratorBuilder:
+        """Reuse the KV cache across calls, holding ``DEFAULT_PREFIX_CACHE_TOKENS`` tokens.
+
+        Not implemented yet: ``build()`` raises ``InvalidConfigurationError`` when enabled.
+        """
+        self._prefix_cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if enabled else None
+        return self
+
+    def prefix_cache_tokens(self, tokens: int) -> GeneratorBuilder:
+        """Enable prefix reuse with a capacity of ``tokens`` (clamped to the model's context).
+
+        Not implemented yet: ``build()`` raises ``InvalidConfigurationError``.
+        """
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise InvalidConfigurationError(f"prefix_cache_tokens={tokens!r} is out of range: it must be an integer >= 1")
+        self._prefix_cache_tokens = tokens
+        return self
+
+    # ------------------------------------------------------------ sampling
+
+    def _set(self, **fields: Any) -> GeneratorBuilder:
+        self._overrides = self._overrides.merged(GenerationOverrides(**fields))
+        return self
+
+    def temperature(self, temp: float) -> GeneratorBuilder:
+        """Sampling temperature (>= 0; 0 is greedy)."""
+        return self._set(temperature=temp)
+
+    def max_tokens(self, max: int) -> GeneratorBuilder:  # noqa: A002 - the seed's name
+        """Maximum number of tokens to generate (>= 1)."""
+        return self._set(max_tokens=max)
+
+    def top_p(self, p: float) -> GeneratorBuilder:
+        """Nucleus sampling threshold, in (0, 1] (1 is off)."""
+        return self._set(top_p=p)
+
+    def top_k(self, k: int) -> GeneratorBuilder:
+        """Keep only the ``k`` most likely tokens (0 is off)."""
+        return self._set(top_k=k)
+
+    def min_p(self, p: float) -> GeneratorBuilder:
+        """Drop tokens less likely than ``p`` times the most likely one, in [0, 1] (0 is off)."""
+        return self._set(min_p=p)
+
+    def repetition_penalty(self, penalty: float) -> GeneratorBuilder:
+        """Penalty on tokens already in the prompt or output (> 0; 1 is off)."""
+        return self._set(repetition_penalty=penalty)
+
+    def greedy(self) -> GeneratorBuilder:
+        """Greedy decoding: temperature 0, always the most likely token (deterministic)."""
+        return self._set(temperature=0.0)
+
+    def seed(self, seed: int) -> GeneratorBuilder:
+        """Make sampling reproducible: the same seed gives the same text (>= 0)."""
+        return self._set(seed=seed)
+
+    def stop(self, strings: str | Iterable[str]) -> GeneratorBuilder:
+        """Stop strings: the text ends before the first of them (a str is one stop string)."""
+        return self._set(stop=strings)
+
+    def generation_config(self, overrides: GenerationOverrides) -> GeneratorBuilder:
+        """Set many generation settings at once; fields left None keep what earlier calls set."""
+        if not isinstance(overrides, GenerationOverrides):
+            raise InvalidConfigurationError(
+                f"generation_config takes a GenerationOverrides, got {type(overrides).__name__}"
+            )
+        self._overrides = self._overrides.merged(overrides)
+        return self
+
+    # ------------------------------------------------------------ loading
+
+    def with_load_config(self, configure: Callable[[LoadConfigBuilder], LoadConfigBuilder]) -> GeneratorBuilder:
+        """Configure loading: ``configure`` gets a ``LoadConfigBuilder`` and returns it.
+
+        Example: ``.with_load_config(lambda c: c.quantized().kv_dtype("f16").max_context(4096))``.
+        """
+        result = configure(LoadConfigBuilder(self._load_config))
+        if not isinstance(result, LoadConfigBuilder):
+            raise InvalidConfigurationError(
+                f"with_load_config's function must return the LoadConfigBuilder it was given, got {type(result).__name__}"
+            )
+        self._load_config = result.build()
+        self._load_config_set = True
+        return self
+
+    def cache_dir(self, path: str | os.PathLike[str]) -> GeneratorBuilder:
+        """The cache folder for model files (default: ``$KJARNI_CACHE_DIR`` or ``~/.cache/kjarni``)."""
+        self._cache_dir = Path(path).expanduser()
+        return self
+
+    def download_policy(self, policy: DownloadPolicy) -> GeneratorBuilder:
+        """Whether missing models are downloaded: ``DownloadPolicy.IF_MISSING`` or ``NEVER``."""
+        if not isinstance(policy, DownloadPolicy):
+            raise InvalidConfigurationError(f"download_policy takes a DownloadPolicy, got {policy!r}")
+        self._download_policy = policy
+        return self
+
+    def offline(self) -> GeneratorBuilder:
+        """Never download: a model missing from the cache raises ``ModelNotDownloadedError``."""
+        return self.download_policy(DownloadPolicy.NEVER)
+
+    def quiet(self) -> GeneratorBuilder:
+        """No progress or notices on stderr."""
+        self._quiet = True
+        return self
+
+    def allow_warnings(self) -> GeneratorBuilder:
+        """Allow suboptimal choices (a large model on the CPU, GPU settings on the CPU) without warnings."""
+        self._allow_warnings = True
+        return self
+
+    # ------------------------------------------------------------ build
+
+    def _check(self) -> None:
+        """What can be refused before touching any file."""
+        if self._draft is not None:
+            raise InvalidConfigurationError(
+                f"speculative decoding (draft({self._draft[0]!r}, {self._draft[1]})) is not implemented yet in "
+                f"this kjarni version; remove the draft() call"
+            )
+        if self._prefix_cache_tokens is not None:
+            raise InvalidConfigurationError(
+                f"the prefix cache (prefix_cache / prefix_cache_tokens({self._prefix_cache_tokens})) is not "
+                f"implemented yet in this kjarni version; remove that call"
+            )
+        if self._context is not None and self._device is not KjarniDevice.GPU:
+            raise InvalidConfigurationError(
+                f"with_context() gives a GPU context but the device is {self._device.value}; drop one of them"
+            )
+
+    def _source(self) -> sources.ModelSource:
+        if self._model_path is not None:
+            if not self._model_path.exists():
+                raise LoadFailedError(
+                    f"model_path {str(self._model_path)!r} does not exist; pass a .gguf file or a folder "
+                    f"with config.json, tokenizer.json and *.safetensors"
+                )
+            return sources.resolve(self._model_path, quiet=self._quiet)
+        name = self._model or registry.DEFAULT_MODEL
+        return sources.resolve(
+            name,
+            cache_dir=self._cache_dir,
+            policy=self._download_policy,
+            quiet=self._quiet,
+            prefer=self._load_config.prefer or "gguf",
+        )
+
+    def _ops(self) -> tuple[Any, Any, KjarniDevice]:
+        from kjarni.numpy_ops import NumpyOps
+
+        if self._device is KjarniDevice.CPU:
+            return NumpyOps(), None, KjarniDevice.CPU
+        if self._device is KjarniDevice.GPU:
+            ops, context = _gpu_ops(self._load_config, self._context)
+            return ops, context, KjarniDevice.GPU
+        try:
+            software = _software_adapter()
+            if software is None:
+                ops, context = _gpu_ops(self._load_config, None)
+                return ops, context, KjarniDevice.GPU
+            reason = f"the only WebGPU adapter is {software}, a software one slower than numpy; gpu() uses it anyway"
+        except GpuUnavailableError as error:
+            reason = f"no usable GPU: {error}"
+        _notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
+        return NumpyOps(), None, KjarniDevice.CPU
+
+    def _resolve_config(self, loaded: Any) -> ResolvedGenerationConfig:
+        """kjarni defaults < the model's generation_config < preset < builder."""
+        eos = tuple(
+            dict.fromkeys(
+                [*sorted(loaded.tokenizer.eos_token_ids), *loaded.generation_defaults.eos_token_ids, *loaded.config.eos_token_id]
+            )
+        )
+        config = dataclasses.replace(KJARNI_DEFAULTS, eos_token_ids=eos)
+        config = config.with_overrides(model_overrides(loaded.generation_defaults))
+        if self._preset is not None:
+            config = config.with_overrides(
+                GenerationOverrides(temperature=self._preset.temperature, max_tokens=self._preset.default_max_tokens)
+            )
+        return config.with_overrides(self._overrides)
+
+    def _warn(self, message: str) -> None:
+        if not self._allow_warnings:
+            print(f"kjarni: warning: {message} (allow_warnings() silences this)", file=sys.stderr, flush=True)
+
+    def build(self) -> Generator:
+        """Resolve, download (per the policy), load, and return the Generator."""
+        from kjarni.loader import load_model
+
+        self._check()
+        source = self._source()
+        ops, context, device = self._ops()
+        started = time.monotonic()
+        _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
+        try:
+            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors")
+        except KjarniError:
+            raise
+        except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
+            raise LoadFailedError(f"loading {source.path} failed: {type(error).__name__}: {error}") from error
+        _notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
+        context_size = loaded.model.context_size
+        if self._load_config.max_context is not None:
+            context_size = min(context_size, self._load_config.max_context)
+        if device is KjarniDevice.CPU:
+            params = _parse_params(source.entry.params) if source.entry is not None else None
+            if params is not None and params > _CPU_WARN_PARAMS:
+                self._warn(f"{source.name} has {source.entry.params} parameters; the numpy CPU backend runs it slowly, gpu() is faster")
+            if self._load_config_set and (self._load_config.weight_format != "f16" or self._load_config.kv_dtype is not None):
+                self._warn("weight_format and kv_dtype apply to the GPU; the CPU backend always computes in float32")
+        return Generator(
+            loaded=loaded,
+            model_name=source.name,
+            entry=source.entry,
+            device=device,
+            gpu_context=context,
+            generation_config=self._resolve_config(loaded),
+            context_size=context_size,
+            load_config=self._load_config,
+        )
+
+    async def abuild(self) -> Generator:
+        """``build`` in a worker thread, for asyncio code."""
+        return await asyncio.to_thread(self.build)
+
+
+def model_overrides(defaults: Any) -> GenerationOverrides:
+    """The model author's defaults (``GenerationDefaults``) as an overrides layer.
+
+    ``do_sample: false`` means greedy, as in Hugging Face. Values out of range are left out (a
+    model file's quirk should not stop it from running).
+    """
+    candidates = {
+        "temperature": defaults.temperature,
+        "top_p": defaults.top_p,
+        "top_k": defaults.top_k,
+        "repetition_penalty": defaults.repetition_penalty,
+        "max_tokens": defaults.max_new_tokens,
+    }
+    if defaults.do_sample is False:
+        candidates["temperature"] = 0.0
+    layer = GenerationOverrides()
+    for name, value in candidates.items():
+        if value is None:
+            continue
+        try:
+            layer = layer.merged(GenerationOverrides(**{name: value}))
+        except InvalidConfigurationError:
+            continue
+    return layer

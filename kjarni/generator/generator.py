@@ -1,0 +1,561 @@
+"""``Generator``: raw text generation from a prompt, with streams and awaitable twins.
+
+One Generator runs one generation at a time: a stream holds the Generator's lock from its
+creation until it is exhausted or closed (``close()``, ``break`` out of a ``for`` loop, garbage
+collection, a cancelled asyncio task). Other threads wait for it; the thread holding it gets an
+error instead of a deadlock. The async twins run the blocking loop in a worker thread that
+checks for cancellation between tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from kjarni.errors import (
+    ContextOverflowError,
+    GenerationFailedError,
+    InvalidConfigurationError,
+    KjarniError,
+)
+from kjarni.generator.config import GenerationOverrides, KjarniDevice, LoadConfig, ResolvedGenerationConfig
+
+if TYPE_CHECKING:
+    from kjarni.generator.builder import GeneratorBuilder
+    from kjarni.loader import LoadedModel
+    from kjarni.registry import ModelEntry
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """One generated token as a stream yields it.
+
+    ``text`` is the text this token adds (``""`` while a multi-byte character is incomplete, for
+    special tokens, and for the end token); ``logprob`` is the model's log-probability of the token;
+    ``finish_reason`` is set on the last token of a generation: ``"eos"`` (the model's end token),
+    ``"stop"`` (a stop string), ``"length"`` (max_tokens) or ``"context"`` (the context is full).
+    """
+
+    text: str
+    token_id: int
+    is_special: bool = False
+    logprob: float | None = None
+    finish_reason: str | None = None
+
+
+class Generator:
+    """Raw text generator for decoder language models.
+
+    Direct access to text generation, without chat templates, system prompts or conversation
+    management. Make one with ``Generator.new(model)`` or ``Generator.builder(model)...build()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        loaded: LoadedModel,
+        model_name: str,
+        entry: ModelEntry | None,
+        device: KjarniDevice,
+        gpu_context: Any,
+        generation_config: ResolvedGenerationConfig,
+        context_size: int,
+        load_config: LoadConfig,
+    ) -> None:
+        self._loaded = loaded
+        self._model_name = model_name
+        self._entry = entry
+        self._device = device
+        self._gpu_context = gpu_context
+        self._config = generation_config
+        self._context_size = context_size
+        self._load_config = load_config
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._kv_cache: Any = None
+        self.last_stats: Any = None
+        """Statistics of the most recent finished generation (``kjarni.generate.GenerationStats``)."""
+
+    # ------------------------------------------------------------ construction
+
+    @staticmethod
+    def builder(model: str | None = None) -> GeneratorBuilder:
+        """A builder for custom configuration (``model``: a registry name or a local path)."""
+        from kjarni.generator.builder import GeneratorBuilder
+
+        return GeneratorBuilder(model)
+
+    @classmethod
+    def new(cls, model: str | None = None) -> Generator:
+        """A Generator for ``model`` with default settings (``None``: the default model)."""
+        return cls.builder(model).build()
+
+    @classmethod
+    async def anew(cls, model: str | None = None) -> Generator:
+        """``new`` in a worker thread, for asyncio code."""
+        return await cls.builder(model).abuild()
+
+    # ------------------------------------------------------------ read-only facts
+
+    @property
+    def model_type(self) -> str:
+        """The architecture, config.json's ``model_type`` (``"llama"``, ``"qwen2"``, ``"mistral"``)."""
+        return self._loaded.config.model_type
+
+    @property
+    def model_name(self) -> str:
+        """The registry name, or the file or folder name of a local model."""
+        return self._model_name
+
+    @property
+    def device(self) -> KjarniDevice:
+        """Where the model runs: ``KjarniDevice.CPU`` or ``KjarniDevice.GPU``."""
+        return self._device
+
+    @property
+    def context_size(self) -> int:
+        """The most tokens (prompt plus generated) one generation can hold."""
+        return self._context_size
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of logits the model produces per token."""
+        return self._loaded.config.vocab_size
+
+    @property
+    def generation_config(self) -> ResolvedGenerationConfig:
+        """The resolved generation settings every call starts from."""
+        return self._config
+
+    @property
+    def load_config(self) -> LoadConfig:
+        """How the model was loaded."""
+        return self._load_config
+
+    @property
+    def decoder(self) -> LoadedModel:
+        """The loaded model: ``config``, ``tokenizer``, ``weights`` and the ``model`` (``DecoderModel``)."""
+        return self._loaded
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (``kjarni.tokenizer.Tokenizer``)."""
+        return self._loaded.tokenizer
+
+    @property
+    def gpu_context(self) -> Any:
+        """The ``WgpuContext`` the model runs on, or ``None`` on the CPU."""
+        return self._gpu_context
+
+    def __repr__(self) -> str:
+        return f"Generator(model_name={self._model_name!r}, device={self._device.value!r}, context_size={self._context_size})"
+
+    # ------------------------------------------------------------ blocking API
+
+    def generate(self, prompt: str) -> str:
+        """The text generated after ``prompt`` with the resolved settings."""
+        return self.generate_with_config(prompt, None)
+
+    def generate_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> str:
+        """``generate`` with ``runtime_overrides`` applied for this call only."""
+        return "".join(self.stream_text_with_config(prompt, runtime_overrides))
+
+    def stream(self, prompt: str) -> TokenStream:
+        """An iterator of ``GeneratedToken``; holds this Generator until exhausted or closed."""
+        return self.stream_with_config(prompt, None)
+
+    def stream_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> TokenStream:
+        """``stream`` with ``runtime_overrides`` applied for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+        return TokenStream(self, prompt_ids, config, text_only=False)
+
+    def stream_text(self, prompt: str) -> TokenStream:
+        """An iterator of text pieces whose concatenation is ``generate``'s result."""
+        return self.stream_text_with_config(prompt, None)
+
+    def stream_text_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> TokenStream:
+        """``stream_text`` with ``runtime_overrides`` applied for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+        return TokenStream(self, prompt_ids, config, text_only=True)
+
+    # ------------------------------------------------------------ awaitable twins
+
+    async def agenerate(self, prompt: str) -> str:
+        """``generate`` for asyncio: runs in a worker thread; cancelling stops it between tokens."""
+        return await self.agenerate_with_config(prompt, None)
+
+    async def agenerate_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> str:
+        """``generate_with_config`` for asyncio."""
+        pieces = []
+        async with self.astream_text_with_config(prompt, runtime_overrides) as stream:
+            async for piece in stream:
+                pieces.append(piece)
+        return "".join(pieces)
+
+    def astream(self, prompt: str) -> AsyncTokenStream:
+        """An async iterator of ``GeneratedToken`` (``async for``; ``await`` also gives it back)."""
+        return self.astream_with_config(prompt, None)
+
+    def astream_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> AsyncTokenStream:
+        """``astream`` with ``runtime_overrides`` applied for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+        return AsyncTokenStream(self, prompt_ids, config, text_only=False)
+
+    def astream_text(self, prompt: str) -> AsyncTokenStream:
+        """An async iterator of text pieces."""
+        return self.astream_text_with_config(prompt, None)
+
+    def astream_text_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> AsyncTokenStream:
+        """``astream_text`` with ``runtime_overrides`` applied for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+        return AsyncTokenStream(self, prompt_ids, config, text_only=True)
+
+    # ------------------------------------------------------------ internals
+
+    def _prepare(self, prompt: str, overrides: GenerationOverrides | None) -> tuple[list[int], ResolvedGenerationConfig]:
+        """Validate settings and tokenize the prompt: every error before any model work."""
+        if not isinstance(prompt, str):
+            raise InvalidConfigurationError(f"prompt must be a str, got {type(prompt).__name__}")
+        if overrides is not None and not isinstance(overrides, GenerationOverrides):
+            raise InvalidConfigurationError(
+                f"runtime_overrides must be a GenerationOverrides, got {type(overrides).__name__}"
+            )
+        config = self._config.with_overrides(overrides)
+        tokenizer = self._loaded.tokenizer
+        prompt_ids = list(tokenizer.encode(prompt))
+        if not prompt_ids:
+            if tokenizer.bos_token_id is None:
+                raise InvalidConfigurationError(
+                    f"the prompt is empty and {self._model_name} has no BOS token to start from; pass some text"
+                )
+            prompt_ids = [tokenizer.bos_token_id]
+        if len(prompt_ids) >= self._context_size:
+            # Equal does not fit either: the context must hold at least one generated token too.
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt_ids)} tokens but {self._model_name}'s context holds {self._context_size} "
+                f"(prompt plus at least one generated token); shorten the prompt (nothing is truncated silently)",
+                tokens=len(prompt_ids),
+                context=self._context_size,
+            )
+        return prompt_ids, config
+
+    def _acquire(self, stop: threading.Event | None = None) -> bool:
+        """Take the one-generation-at-a-time lock; False if ``stop`` was set while waiting."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise GenerationFailedError(
+                f"this thread already has an open stream on this Generator ({self._model_name}); "
+                f"finish or close() it before starting another generation"
+            )
+        if stop is None:
+            self._lock.acquire()
+        else:
+            # An async worker waiting its turn must notice cancellation without getting the lock.
+            while not self._lock.acquire(timeout=0.05):
+                if stop.is_set():
+                    return False
+        self._owner = me
+        return True
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _kv_cache_for(self, tokens: int) -> Any:
+        """A KV cache of at least ``tokens`` positions, reused across generations (allocated once)."""
+        capacity = min(tokens, self._context_size)
+        cache = self._kv_cache
+        if cache is None or cache.capacity < capacity:
+            # Grow to at least double so a run of slightly longer prompts does not reallocate each time.
+            if cache is not None:
+                capacity = min(max(capacity, 2 * cache.capacity), self._context_size)
+            self._kv_cache = None  # let the old one go before allocating the new one
+            cache = self._loaded.model.new_cache(capacity)
+            self._kv_cache = cache
+        cache.offset = 0
+        return cache
+
+    def _events(self, prompt_ids: list[int], config: ResolvedGenerationConfig) -> tuple[Iterator[Any], Any]:
+        """The generation loop of ``kjarni.generate`` for one call, and its stats object."""
+        from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+
+        params = GenerationParams(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            min_p=config.min_p,
+            repetition_penalty=config.repetition_penalty,
+            seed=config.seed,
+            stop=tuple(config.stop),
+            eos_token_ids=tuple(config.eos_token_ids),
+        )
+        stats = GenerationStats()
+        kv_cache = self._kv_cache_for(len(prompt_ids) + config.max_tokens)
+        events = stream_generate(self._loaded.model, self._loaded.tokenizer, prompt_ids, params, kv_cache=kv_cache, stats=stats)
+        return events, stats
+
+
+class TokenStream:
+    """A running generation: an iterator of ``GeneratedToken`` (or of ``str`` for text streams).
+
+    Holds its Generator from creation until exhausted or closed; ``close()`` (or ``with``) frees
+    it at once. Iterating a closed stream ends it.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        prompt_ids: list[int],
+        config: ResolvedGenerationConfig,
+        *,
+        text_only: bool,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self._generator = generator
+        self._text_only = text_only
+        self._held = False
+        self._done = False
+        self._events: Iterator[Any] | None = None
+        self.stats: Any = None
+        self.prompt_tokens = len(prompt_ids)
+        self.config = config
+        """The resolved settings this generation runs with."""
+        self.finish_reason: str | None = None
+        if not generator._acquire(stop):
+            self._done = True  # cancelled while waiting for the Generator: an empty stream
+            return
+        self._held = True
+        try:
+            self._events, self.stats = generator._events(prompt_ids, config)
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._done or self._events is None:
+                raise StopIteration
+            try:
+                event = next(self._events)
+            except StopIteration:
+                self.close()
+                raise
+            except KjarniError:
+                self.close()
+                raise
+            except BaseException as error:
+                self.close()
+                if isinstance(error, Exception):
+                    raise GenerationFailedError(
+                        f"generation on {self._generator.model_name} failed: {type(error).__name__}: {error}"
+                    ) from error
+                raise
+            reason = getattr(event, "finish_reason", None)
+            if reason is not None:  # the last event: the stats are complete
+                self.finish_reason = reason
+                self._generator.last_stats = self.stats
+            if not self._text_only:
+                return GeneratedToken(
+                    text=event.text,
+                    token_id=int(event.token_id),
+                    is_special=bool(getattr(event, "is_special", False)),
+                    logprob=getattr(event, "logprob", None),
+                    finish_reason=reason,
+                )
+            if event.text:
+                return event.text
+
+    def close(self) -> None:
+        """Stop generating and free the Generator (idempotent)."""
+        self._done = True
+        events, self._events = self._events, None
+        try:
+            if events is not None and hasattr(events, "close"):
+                events.close()
+        finally:
+            if self._held:
+                self._held = False
+                self._generator._release()
+
+    def text(self) -> str:
+        """Consume the rest of the stream and return its text."""
+        if self._text_only:
+            return "".join(self)
+        return "".join(token.text for token in self)
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+_END = object()
+
+# How many tokens an async worker may compute ahead of its consumer: enough to hide the hop
+# between threads, few enough that an abandoned stream stops computing almost at once.
+_ASYNC_WINDOW = 4
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Worker:
+    """What an async stream's worker thread shares with it. The thread holds this, never the
+    stream itself, so dropping the stream runs its finalizer, which stops the thread."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.finished = threading.Event()
+        self.window = threading.Semaphore(_ASYNC_WINDOW)
+        self.stats: Any = None
+        self.finish_reason: str | None = None
+        self.thread: threading.Thread | None = None
+
+
+def _work(
+    worker: _Worker,
+    generator: Generator,
+    prompt_ids: list[int],
+    config: ResolvedGenerationConfig,
+    text_only: bool,
+    loop: asyncio.AbstractEventLoop,
+    queue: asyncio.Queue[Any],
+) -> None:
+    """The worker thread of an ``AsyncTokenStream``: run the blocking stream, hand items to the loop."""
+
+    def put(item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            worker.stop.set()
+
+    stream: TokenStream | None = None
+    try:
+        stream = TokenStream(generator, prompt_ids, config, text_only=text_only, stop=worker.stop)
+        worker.stats = stream.stats
+        for item in stream:
+            # Wait for room in the window, watching for cancellation meanwhile.
+            while not worker.window.acquire(timeout=0.05):
+                if worker.stop.is_set():
+                    break
+            if worker.stop.is_set():
+                break
+            put(item)
+        worker.finish_reason = stream.finish_reason
+    except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+        put(_Failure(error))
+    finally:
+        if stream is not None:
+            stream.close()
+        worker.finished.set()
+        put(_END)
+
+
+class AsyncTokenStream:
+    """The asyncio form of ``TokenStream``: ``async for`` over it, or ``await`` it first.
+
+    The blocking loop runs in a worker thread started on the first ``__anext__``, at most a few
+    tokens ahead of the consumer. ``aclose()`` (or leaving ``async with``), cancelling the task
+    while it awaits the next token, or dropping the stream stops the worker before its next
+    token; ``aclose()`` also waits until the Generator is free.
+    """
+
+    def __init__(self, generator: Generator, prompt_ids: list[int], config: ResolvedGenerationConfig, *, text_only: bool) -> None:
+        self._generator = generator
+        self._prompt_ids = prompt_ids
+        self._text_only = text_only
+        self.config = config
+        """The resolved settings this generation runs with."""
+        self._worker = _Worker()
+        self._queue: asyncio.Queue[Any] | None = None
+        self._ended = False
+
+    @property
+    def stats(self) -> Any:
+        """The generation's ``GenerationStats`` once it started (filled in as it runs)."""
+        return self._worker.stats
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the generation ended (``"eos"``, ``"stop"``, ``"length"``, ``"context"``), once it has."""
+        return self._worker.finish_reason
+
+    def __await__(self):  # noqa: ANN204 - `await gen.astream(p)` gives the stream itself
+        async def itself() -> AsyncTokenStream:
+            return self
+
+        return itself().__await__()
+
+    def __aiter__(self) -> AsyncTokenStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._ended:
+            raise StopAsyncIteration
+        if self._queue is None:
+            self._start(asyncio.get_running_loop())
+        assert self._queue is not None
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled: stop the worker before it computes another token
+            self._worker.stop.set()
+            self._ended = True
+            raise
+        if item is _END:
+            self._ended = True
+            raise StopAsyncIteration
+        if isinstance(item, _Failure):
+            self._ended = True
+            raise item.error
+        self._worker.window.release()
+        return item
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue = asyncio.Queue()
+        args = (self._worker, self._generator, self._prompt_ids, self.config, self._text_only, loop, self._queue)
+        thread = threading.Thread(target=_work, args=args, name=f"kjarni-generate-{self._generator.model_name}", daemon=True)
+        self._worker.thread = thread
+        thread.start()
+
+    async def aclose(self) -> None:
+        """Stop generating and wait until the Generator is free."""
+        self._worker.stop.set()
+        self._ended = True
+        if self._worker.thread is not None and not self._worker.finished.is_set():
+            await asyncio.to_thread(self._worker.finished.wait)
+
+    async def text(self) -> str:
+        """Consume the rest of the stream and return its text."""
+        pieces = [item if self._text_only else item.text async for item in self]
+        return "".join(pieces)
+
+    async def __aenter__(self) -> AsyncTokenStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        self._worker.stop.set()
+
+
+def _notice(message: str, quiet: bool) -> None:
+    """An informational line on stderr (stdout carries generated text), unless ``quiet``."""
+    if not quiet:
+        print(f"kjarni: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,748 @@
+"""The Generator API (kjarni.generator) on a tiny random model: builder, layers, streams, async, threads.
+
+The tiny model is a Hugging Face folder (config.json, safetensors, a byte-level BPE tokenizer.json
+built here with the tokenizers library) from tests/tiny_models.py; `make_tiny_model` is shared with
+test_cli.py and test_docs.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kjarni.generator as kg
+from kjarni import sources
+from kjarni.errors import (
+    ContextOverflowError,
+    GenerationFailedError,
+    GpuUnavailableError,
+    InvalidConfigurationError,
+    InvalidModelError,
+    LoadFailedError,
+    ModelNotDownloadedError,
+    UnknownModelError,
+)
+from kjarni.generator import (
+    DEFAULT_PREFIX_CACHE_TOKENS,
+    DownloadPolicy,
+    GeneratedToken,
+    GenerationOverrides,
+    Generator,
+    GeneratorBuilder,
+    KjarniDevice,
+    LoadConfig,
+    LoadConfigBuilder,
+    ResolvedGenerationConfig,
+)
+from kjarni.generator import builder as builder_module
+from tests.tiny_models import SPECIAL_TOKENS, random_state_dict, save_safetensors_model, tiny_config, tiny_vocab
+
+TINY_VOCAB = 300  # every byte has a token, so any text (emoji, CJK) encodes
+
+
+def write_tiny_tokenizer(folder: Path, *, bos: bool = True) -> None:
+    """A byte-level BPE tokenizer.json (two merges) with the tiny vocabulary, plus tokenizer_config.json."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, _, merges = tiny_vocab(TINY_VOCAB)
+    bpe = models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges])
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "add_bos_token": False}
+    if bos:
+        config["bos_token"] = "<|im_start|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def make_tiny_model(
+    folder: Path, *, generation_config: dict | None = None, bos: bool = True, model_type: str = "llama", **config_overrides
+) -> Path:
+    """A tiny model folder kjarni can load: config, random float32 weights, tokenizer."""
+    overrides = {"vocab_size": TINY_VOCAB, **config_overrides}
+    if not bos:
+        overrides["bos_token_id"] = None
+    config = tiny_config(model_type, **overrides)
+    save_safetensors_model(folder, config, random_state_dict(config, seed=3), generation_config=generation_config)
+    write_tiny_tokenizer(folder, bos=bos)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: Path) -> Generator:
+    """A shared CPU Generator on the tiny model (kjarni's default sampling, no model defaults)."""
+    return Generator.builder().model_path(tiny_dir).cpu().quiet().build()
+
+
+def build(path: Path, **_: object) -> GeneratorBuilder:
+    return Generator.builder().model_path(path).cpu().quiet()
+
+
+# ---------------------------------------------------------------- properties
+
+
+def test_generator_properties_describe_the_loaded_model(tiny: Generator, tiny_dir: Path) -> None:
+    assert tiny.model_type == "llama"
+    assert tiny.model_name == tiny_dir.name
+    assert tiny.device is KjarniDevice.CPU
+    assert tiny.context_size == 256
+    assert tiny.vocab_size == TINY_VOCAB
+    assert tiny.gpu_context is None
+    assert tiny.decoder.config.hidden_size == 48 and tiny.decoder.model is not None
+    assert isinstance(tiny.generation_config, ResolvedGenerationConfig)
+    assert 2 in tiny.generation_config.eos_token_ids
+    with pytest.raises(AttributeError):
+        tiny.model_name = "other"  # type: ignore[misc]
+
+
+def test_last_stats_reports_the_last_generation(tiny: Generator) -> None:
+    tiny.generate_with_config("the cat", GenerationOverrides(max_tokens=5, temperature=0.0))
+    stats = tiny.last_stats
+    assert stats.prompt_tokens == len(tiny.tokenizer.encode("the cat"))
+    assert 1 <= stats.generated_tokens <= 5 and stats.finish_reason is not None
+    tokens = []
+    for token in tiny.stream_with_config("the", GenerationOverrides(max_tokens=3, temperature=0.0)):
+        tokens.append(token)
+        if token.finish_reason:
+            break  # a consumer that stops at the last token still leaves its stats behind
+    assert tiny.last_stats.generated_tokens == len(tokens)
+    assert tiny.last_stats.prompt_tokens == len(tiny.tokenizer.encode("the"))
+
+
+# ---------------------------------------------------------------- builder and config layers
+
+
+def test_every_sampling_setter_lands_in_the_resolved_config(tiny_dir: Path) -> None:
+    g = (
+        build(tiny_dir)
+        .temperature(0.5).max_tokens(17).top_p(0.8).top_k(9).min_p(0.1).repetition_penalty(1.3)
+        .seed(42).stop(["\n\n", "END"])
+        .build()
+    )
+    c = g.generation_config
+    assert (c.temperature, c.max_tokens, c.top_p, c.top_k, c.min_p, c.repetition_penalty, c.seed) == (
+        0.5, 17, 0.8, 9, 0.1, 1.3, 42,
+    )
+    assert c.stop == ("\n\n", "END")
+
+
+def test_greedy_creative_precise_and_generation_config_are_layers_where_later_calls_win(tiny_dir: Path) -> None:
+    assert build(tiny_dir).greedy().build().generation_config.temperature == 0.0
+    creative = build(tiny_dir).creative().build().generation_config
+    assert creative.temperature == builder_module.CREATIVE.temperature and creative.top_k == 0
+    precise = build(tiny_dir).precise().build().generation_config
+    assert precise.temperature == builder_module.PRECISE.temperature
+    later = build(tiny_dir).creative().temperature(0.3).build().generation_config
+    assert later.temperature == 0.3 and later.top_p == builder_module.CREATIVE.top_p
+    merged = build(tiny_dir).top_k(5).generation_config(GenerationOverrides(temperature=0.4, max_tokens=3)).build()
+    assert (merged.generation_config.top_k, merged.generation_config.temperature, merged.generation_config.max_tokens) == (5, 0.4, 3)
+
+
+def test_stop_takes_one_string_as_one_stop_string(tiny_dir: Path) -> None:
+    assert build(tiny_dir).stop("END").build().generation_config.stop == ("END",)
+
+
+def test_builder_methods_all_chain(tiny_dir: Path, tmp_path: Path) -> None:
+    b = GeneratorBuilder("smollm2-135m-instruct")
+    chained = (
+        b.model_path(tiny_dir).device("cpu").cpu().temperature(1.0).max_tokens(4).top_p(1.0).top_k(0).min_p(0.0)
+        .repetition_penalty(1.0).greedy().seed(1).stop("x").generation_config(GenerationOverrides())
+        .with_load_config(lambda c: c).cache_dir(tmp_path).download_policy(DownloadPolicy.NEVER).offline()
+        .quiet().allow_warnings().creative().precise().preset("generator_fast_v1").cpu()
+    )
+    assert chained is b
+    assert b.draft("qwen2.5-0.5b", 4) is b and b.prefix_cache(True) is b and b.prefix_cache_tokens(8) is b
+
+
+def test_config_layers_resolve_model_then_preset_then_builder_then_call(tmp_path: Path) -> None:
+    folder = make_tiny_model(
+        tmp_path / "m", generation_config={"temperature": 0.3, "top_k": 7, "top_p": 0.6, "max_new_tokens": 11}
+    )
+    model_only = build(folder).build().generation_config
+    assert (model_only.temperature, model_only.top_k, model_only.top_p, model_only.max_tokens) == (0.3, 7, 0.6, 11)
+    assert model_only.min_p == 0.0 and model_only.repetition_penalty == 1.0  # kjarni's defaults below
+
+    preset = kg.GENERATOR_FAST_V1
+    with_preset = build(folder).preset(preset).cpu().build().generation_config
+    assert (with_preset.temperature, with_preset.max_tokens) == (preset.temperature, preset.default_max_tokens)
+    assert with_preset.top_k == 7  # the preset does not set it: the model's value stays
+
+    g = build(folder).preset(preset).cpu().temperature(0.5).build()
+    assert (g.generation_config.temperature, g.generation_config.max_tokens) == (0.5, preset.default_max_tokens)
+
+    stream = g.stream_with_config("the", GenerationOverrides(temperature=0.1, max_tokens=2))
+    with stream:
+        assert (stream.config.temperature, stream.config.max_tokens, stream.config.top_k) == (0.1, 2, 7)
+    assert g.generation_config.temperature == 0.5  # per-call overrides do not stick
+
+
+def test_model_do_sample_false_means_greedy(tmp_path: Path) -> None:
+    folder = make_tiny_model(tmp_path / "m", generation_config={"do_sample": False, "temperature": 0.9})
+    assert build(folder).build().generation_config.temperature == 0.0
+
+
+def test_out_of_range_model_defaults_are_ignored_not_fatal(tmp_path: Path) -> None:
+    folder = make_tiny_model(tmp_path / "m", generation_config={"top_p": 0.0, "temperature": 0.4})
+    config = build(folder).build().generation_config
+    assert config.temperature == 0.4 and config.top_p == kg.config.KJARNI_DEFAULTS.top_p
+
+
+@pytest.mark.parametrize(
+    ("setter", "value", "name"),
+    [
+        ("temperature", -0.1, "temperature"),
+        ("temperature", float("nan"), "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("top_p", 1.5, "top_p"),
+        ("top_k", -1, "top_k"),
+        ("min_p", -0.01, "min_p"),
+        ("min_p", 1.01, "min_p"),
+        ("repetition_penalty", 0.0, "repetition_penalty"),
+        ("max_tokens", 0, "max_tokens"),
+        ("max_tokens", 2.5, "max_tokens"),
+        ("seed", -1, "seed"),
+    ],
+)
+def test_bad_values_are_refused_at_once_naming_value_and_range(setter: str, value: float, name: str) -> None:
+    with pytest.raises(InvalidConfigurationError, match=rf"{name}=.*out of range.*must be"):
+        getattr(GeneratorBuilder("no-such-model"), setter)(value)
+    with pytest.raises(InvalidConfigurationError, match=name):
+        GenerationOverrides(**{name: value})
+
+
+def test_bad_per_call_overrides_fail_before_generation(tiny: Generator) -> None:
+    with pytest.raises(InvalidConfigurationError):
+        tiny.generate_with_config("the", GenerationOverrides(top_p=2.0))
+    with pytest.raises(InvalidConfigurationError, match="GenerationOverrides"):
+        tiny.generate_with_config("the", {"temperature": 0.5})  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfigurationError):
+        GenerationOverrides(stop=("",))
+    tiny.generate_with_config("the", GenerationOverrides(max_tokens=1))  # the lock was not left held
+
+
+def test_draft_and_prefix_cache_are_refused_by_build_before_any_work() -> None:
+    # An unknown model proves no lookup happened: the refusal comes first.
+    with pytest.raises(InvalidConfigurationError, match="speculative decoding.*not implemented"):
+        GeneratorBuilder("no-such-model").draft("qwen2.5-coder-0.5b-instruct", 4).build()
+    with pytest.raises(InvalidConfigurationError, match="prefix cache.*not implemented"):
+        GeneratorBuilder("no-such-model").prefix_cache(True).build()
+    with pytest.raises(InvalidConfigurationError, match="prefix cache.*not implemented"):
+        GeneratorBuilder("no-such-model").prefix_cache_tokens(16).build()
+    with pytest.raises(UnknownModelError):
+        GeneratorBuilder("no-such-model").prefix_cache(True).prefix_cache(False).build()
+    with pytest.raises(InvalidConfigurationError, match="num_tokens"):
+        GeneratorBuilder("x").draft("qwen2.5-0.5b", 0)
+    with pytest.raises(InvalidConfigurationError, match="prefix_cache_tokens"):
+        GeneratorBuilder("x").prefix_cache_tokens(0)
+    assert DEFAULT_PREFIX_CACHE_TOKENS == 4096
+
+
+def test_load_config_builder_and_with_load_config(tiny_dir: Path) -> None:
+    config = LoadConfigBuilder().quantized().kv_dtype("f16").max_context(64).prefer_gguf().build()
+    assert config == LoadConfig(weight_format="quantized", kv_dtype="f16", max_context=64, prefer="gguf")
+    assert LoadConfigBuilder().f32().build().weight_format == "f32"
+    assert LoadConfigBuilder().q8_0().f16().build().weight_format == "f16"
+    for bad in (lambda c: c.weight_format("int3"), lambda c: c.kv_dtype("f64"), lambda c: c.max_context(0),
+                lambda c: c.prefer("onnx")):
+        with pytest.raises(InvalidConfigurationError):
+            GeneratorBuilder().with_load_config(bad)
+    with pytest.raises(InvalidConfigurationError, match="must return"):
+        GeneratorBuilder().with_load_config(lambda c: None)  # type: ignore[arg-type, return-value]
+    g = build(tiny_dir).with_load_config(lambda c: c.max_context(32)).build()
+    assert g.context_size == 32 and g.load_config.max_context == 32
+
+
+def test_load_config_prefer_picks_the_format_in_a_folder_with_both(tmp_path: Path) -> None:
+    from tests.tiny_models import save_gguf_model
+
+    # qwen2: save_gguf_model writes tokenizer.ggml.pre "gpt2" for llama, which tokenizer.py does not accept.
+    folder = make_tiny_model(tmp_path / "both", model_type="qwen2")
+    config = json.loads((folder / "config.json").read_text())
+    save_gguf_model(folder / "model.gguf", config, random_state_dict(config, seed=99))
+    from_safetensors = build(folder).with_load_config(lambda c: c.prefer_safetensors()).build()
+    from_gguf = build(folder).with_load_config(lambda c: c.prefer_gguf()).build()
+    assert from_safetensors.decoder.path == folder
+    assert from_gguf.decoder.path == folder / "model.gguf"
+
+
+def test_device_parsing_and_with_context_requires_the_gpu() -> None:
+    assert KjarniDevice.parse("GPU") is KjarniDevice.GPU
+    with pytest.raises(InvalidConfigurationError, match="tpu"):
+        GeneratorBuilder().device("tpu")
+    with pytest.raises(InvalidConfigurationError, match="with_context"):
+        GeneratorBuilder("no-such-model").with_context(object()).cpu().build()
+
+
+# ---------------------------------------------------------------- model sources and devices
+
+
+def test_unknown_model_and_offline_cache_miss_raise_typed_errors(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError, match="kjarni models"):
+        GeneratorBuilder("no-such-model").cpu().quiet().build()
+    with pytest.raises(ModelNotDownloadedError, match="kjarni pull"):
+        GeneratorBuilder("smollm2-135m-instruct").cache_dir(tmp_path).offline().cpu().quiet().build()
+    with pytest.raises(LoadFailedError, match="does not exist"):
+        GeneratorBuilder().model_path(tmp_path / "missing").cpu().quiet().build()
+
+
+def test_gpu_without_a_backend_or_adapter_raises_gpu_unavailable(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_gpu(load_config: LoadConfig, context: object) -> None:
+        raise GpuUnavailableError("no WebGPU adapter (test)")
+
+    monkeypatch.setattr(builder_module, "_gpu_ops", no_gpu)
+    with pytest.raises(GpuUnavailableError, match="adapter"):
+        Generator.builder().model_path(tiny_dir).gpu().quiet().build()
+
+
+def test_auto_falls_back_to_the_cpu_with_a_notice_on_stderr_unless_quiet(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_gpu(load_config: LoadConfig, context: object) -> None:
+        raise GpuUnavailableError("no WebGPU adapter (test)")
+
+    monkeypatch.setattr(builder_module, "_gpu_ops", no_gpu)
+    monkeypatch.setattr(builder_module, "_software_adapter", lambda: None)  # as if a real GPU were found
+    g = Generator.builder().model_path(tiny_dir).build()  # AUTO is the default
+    out, err = capsys.readouterr()
+    assert g.device is KjarniDevice.CPU and g.gpu_context is None
+    assert "no usable GPU" in err and "Running on the CPU" in err and "loading" in err and out == ""
+    Generator.builder().model_path(tiny_dir).quiet().build()
+    assert capsys.readouterr() == ("", "")
+
+
+def _adapter_type() -> str | None:
+    try:
+        from kjarni.gpu import find_adapter
+
+        return str(find_adapter().info.get("adapter_type"))
+    except Exception:  # noqa: BLE001 - no backend or no adapter
+        return None
+
+
+def test_auto_does_not_take_a_software_adapter(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if _adapter_type() != "CPU":
+        pytest.skip("needs a machine whose only WebGPU adapter is a software one (llvmpipe)")
+    g = Generator.builder().model_path(tiny_dir).build()
+    assert g.device is KjarniDevice.CPU
+    assert "software" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_generation_matches_the_cpu_greedy_tokens(tiny: Generator, tiny_dir: Path, wgpu_context: object) -> None:
+    g = Generator.builder().model_path(tiny_dir).with_context(wgpu_context).with_load_config(lambda c: c.f32()).quiet().build()
+    assert g.device is KjarniDevice.GPU and g.gpu_context is wgpu_context
+    greedy = GenerationOverrides(temperature=0.0, max_tokens=12)
+    assert [t.token_id for t in g.stream_with_config("the cat", greedy)] == [
+        t.token_id for t in tiny.stream_with_config("the cat", greedy)
+    ]
+    f16 = Generator.builder().model_path(tiny_dir).with_context(wgpu_context).quiet().build()  # default weight format
+    assert f16.gpu_context is wgpu_context and f16.device is KjarniDevice.GPU
+    assert isinstance(f16.generate_with_config("the cat", greedy), str)
+
+
+@pytest.mark.gpu
+def test_gpu_builds_its_own_context(tiny_dir: Path) -> None:
+    if _adapter_type() is None:
+        pytest.skip("no WebGPU adapter here")
+    g = Generator.builder().model_path(tiny_dir).gpu().quiet().build()
+    assert g.device is KjarniDevice.GPU and g.gpu_context is not None
+
+
+def test_gpu_refuses_q8_0_until_the_backend_has_it(tiny_dir: Path) -> None:
+    if _adapter_type() is None:
+        pytest.skip("no WebGPU adapter here")
+    with pytest.raises(InvalidConfigurationError, match="q8_0"):
+        Generator.builder().model_path(tiny_dir).gpu().with_load_config(lambda c: c.q8_0()).quiet().build()
+
+
+def test_warnings_for_gpu_settings_on_the_cpu_unless_allowed(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(tiny_dir).with_load_config(lambda c: c.f32()).build()
+    assert "warning" in capsys.readouterr().err
+    build(tiny_dir).with_load_config(lambda c: c.f32()).allow_warnings().build()
+    assert capsys.readouterr().err == ""
+
+
+def test_registry_functions() -> None:
+    models = kg.available_models()
+    assert "smollm2-135m-instruct" in models and "llama-3.2-1b-instruct" not in models
+    assert kg.suggested_models()[0] == "smollm2-135m-instruct"
+    assert set(kg.suggested_models()) <= set(models)
+    assert kg.is_generator_model("SmolLM2-135M-Instruct") is None
+    with pytest.raises(UnknownModelError):
+        kg.is_generator_model("bert-base-uncased")
+    with pytest.raises(InvalidModelError, match="not implement"):
+        kg.is_generator_model("llama-3.2-1b-instruct")
+
+
+def test_is_generator_model_reads_local_configs(tiny_dir: Path, tmp_path: Path) -> None:
+    assert kg.is_generator_model(str(tiny_dir)) is None
+    encoder = tmp_path / "bert"
+    encoder.mkdir()
+    (encoder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(InvalidModelError, match="not a decoder"):
+        kg.is_generator_model(encoder)
+
+
+def test_module_generate_uses_the_named_model(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builder_module, "_gpu_ops", _raise_no_gpu)
+    text = kg.generate(str(tiny_dir), "the cat")
+    assert isinstance(text, str)
+    assert kg._generator_for(str(tiny_dir)) is kg._generator_for(str(tiny_dir))  # kept for the next call
+    assert isinstance(asyncio.run(kg.agenerate(str(tiny_dir), "the cat")), str)
+
+
+def _raise_no_gpu(load_config: LoadConfig, context: object) -> None:
+    raise GpuUnavailableError("test: no GPU")
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_prompt_longer_than_the_context_raises_context_overflow_naming_both(tiny: Generator) -> None:
+    prompt = "x" * 300  # one token per byte: 300 tokens for a context of 256
+    with pytest.raises(ContextOverflowError, match=r"300 tokens.*256") as info:
+        tiny.generate(prompt)
+    assert (info.value.tokens, info.value.context) == (300, 256)
+    with pytest.raises(ContextOverflowError):
+        tiny.stream("x" * 256)  # equal does not fit: no room for one generated token
+    assert tiny.generate_with_config("x" * 255, GenerationOverrides(max_tokens=5, temperature=0)) is not None
+
+
+def test_generation_stops_at_the_context_limit(tiny: Generator) -> None:
+    stream = tiny.stream_with_config("x" * 250, GenerationOverrides(max_tokens=100, temperature=0, seed=0))
+    tokens = list(stream)
+    assert len(tokens) <= 6
+    assert tokens[-1].finish_reason in ("context", "eos")
+
+
+def test_empty_prompt_starts_from_bos(tiny: Generator) -> None:
+    text = tiny.generate_with_config("", GenerationOverrides(max_tokens=3, seed=1))
+    assert isinstance(text, str)
+    assert tiny.last_stats.prompt_tokens == 1
+
+
+def test_empty_prompt_without_bos_is_an_error(tmp_path: Path) -> None:
+    g = build(make_tiny_model(tmp_path / "nobos", bos=False)).build()
+    with pytest.raises(InvalidConfigurationError, match="empty.*BOS"):
+        g.generate("")
+    assert g.generate_with_config("a", GenerationOverrides(max_tokens=1)) is not None
+
+
+def test_non_str_prompt_is_refused(tiny: Generator) -> None:
+    with pytest.raises(InvalidConfigurationError, match="str"):
+        tiny.generate(["the"])  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- generation and streams
+
+SAMPLED = GenerationOverrides(max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, seed=1234)
+
+
+def test_stream_text_concatenation_equals_generate_for_the_same_seed(tiny: Generator) -> None:
+    text = tiny.generate_with_config("the cat", SAMPLED)
+    pieces = list(tiny.stream_text_with_config("the cat", SAMPLED))
+    tokens = list(tiny.stream_with_config("the cat", SAMPLED))
+    assert "".join(pieces) == text
+    assert "".join(t.text for t in tokens) == text
+    assert all(isinstance(t, GeneratedToken) for t in tokens)
+    assert all(piece for piece in pieces)  # no empty pieces in a text stream
+    assert tokens[-1].finish_reason is not None and all(t.finish_reason is None for t in tokens[:-1])
+
+
+def test_seed_reproduces_and_no_seed_draws_fresh_entropy(tiny: Generator) -> None:
+    assert tiny.generate_with_config("the", SAMPLED) == tiny.generate_with_config("the", SAMPLED)
+    unseeded = GenerationOverrides(max_tokens=24, temperature=1.5, top_k=0, top_p=1.0)
+    outputs = {tiny.generate_with_config("the", unseeded) for _ in range(4)}
+    assert len(outputs) > 1
+
+
+def test_greedy_is_deterministic_and_max_tokens_is_respected(tiny: Generator) -> None:
+    greedy = GenerationOverrides(temperature=0.0, max_tokens=7)
+    tokens = list(tiny.stream_with_config("the cat", greedy))
+    assert len(tokens) <= 7
+    if len(tokens) == 7:
+        assert tokens[-1].finish_reason == "length"
+    again = list(tiny.stream_with_config("the cat", greedy))
+    assert [t.token_id for t in tokens] == [t.token_id for t in again]
+
+
+def test_stop_string_ends_the_text_before_it(tiny: Generator) -> None:
+    free = GenerationOverrides(temperature=0.0, max_tokens=40, repetition_penalty=1.3)
+    text = tiny.generate_with_config("the cat", free)
+    assert len(text) > 6, text
+    stop = text[3:6]
+    cut = text[: text.index(stop)]
+    stopped = tiny.generate_with_config("the cat", free.merged(GenerationOverrides(stop=(stop,))))
+    assert stopped == cut
+    assert stop not in stopped
+
+
+def test_stream_text_streams_every_byte_of_multibyte_text(tiny: Generator) -> None:
+    # Random weights emit bytes >= 0x80 often: the pieces must still join to generate's string.
+    settings = GenerationOverrides(max_tokens=60, temperature=2.0, top_k=0, top_p=1.0, seed=7)
+    assert "".join(tiny.stream_text_with_config("😀 中文", settings)) == tiny.generate_with_config("😀 中文", settings)
+
+
+# ---------------------------------------------------------------- one generation at a time
+
+
+def _generate_in_thread(g: Generator, timeout: float = 20.0) -> str | None:
+    """Run a short generation in another thread; None if it could not start within ``timeout``."""
+    result: list[str] = []
+    thread = threading.Thread(
+        target=lambda: result.append(g.generate_with_config("the", GenerationOverrides(max_tokens=2))), daemon=True
+    )
+    thread.start()
+    thread.join(timeout)
+    return result[0] if result else None
+
+
+def test_an_open_stream_holds_the_generator_until_closed(tiny: Generator) -> None:
+    stream = tiny.stream_with_config("the", GenerationOverrides(max_tokens=50, temperature=0))
+    next(stream)
+    assert _generate_in_thread(tiny, timeout=0.5) is None  # blocked while the stream is open
+    stream.close()
+    assert _generate_in_thread(tiny) is not None
+
+
+def test_a_second_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny: Generator) -> None:
+    with tiny.stream("the"):
+        with pytest.raises(GenerationFailedError, match="close"):
+            tiny.generate("the")
+    assert tiny.generate_with_config("the", GenerationOverrides(max_tokens=1)) is not None
+
+
+def test_breaking_out_of_a_stream_frees_the_generator_at_once(tiny: Generator) -> None:
+    for _ in tiny.stream_with_config("the", GenerationOverrides(max_tokens=50)):
+        break
+    assert _generate_in_thread(tiny, timeout=5.0) is not None
+
+
+def test_exhausted_and_closed_streams_stay_ended(tiny: Generator) -> None:
+    stream = tiny.stream_with_config("the", GenerationOverrides(max_tokens=3))
+    list(stream)
+    assert list(stream) == []
+    stream.close()
+    closed = tiny.stream("the")
+    closed.close()
+    closed.close()
+    assert list(closed) == []
+
+
+def test_two_threads_sharing_one_generator_are_both_served_correctly(tiny: Generator) -> None:
+    settings = {seed: GenerationOverrides(max_tokens=16, temperature=1.0, top_k=0, seed=seed) for seed in (1, 2, 3, 4)}
+    expected = {seed: tiny.generate_with_config("the cat", s) for seed, s in settings.items()}
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            results[seed] = tiny.generate_with_config("the cat", settings[seed])
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in settings]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    assert results == expected
+
+
+# ---------------------------------------------------------------- async twins
+
+
+def test_async_twins_give_the_same_results_as_the_blocking_calls(tiny: Generator, tiny_dir: Path) -> None:
+    expected = tiny.generate_with_config("the cat", SAMPLED)
+    expected_tokens = [t.token_id for t in tiny.stream_with_config("the cat", SAMPLED)]
+
+    async def main() -> None:
+        assert await tiny.agenerate_with_config("the cat", SAMPLED) == expected
+        pieces = [piece async for piece in tiny.astream_text_with_config("the cat", SAMPLED)]
+        assert "".join(pieces) == expected
+        stream = await tiny.astream_with_config("the cat", SAMPLED)  # awaiting gives the stream
+        assert [t.token_id async for t in stream] == expected_tokens
+        assert isinstance(await tiny.agenerate("the"), str)
+        assert isinstance([p async for p in tiny.astream_text("the")], list)
+        assert isinstance([t async for t in tiny.astream("the")], list)
+        built = await Generator.builder().model_path(tiny_dir).cpu().quiet().abuild()
+        assert built.vocab_size == TINY_VOCAB
+
+    asyncio.run(main())
+
+
+def test_anew_builds_with_default_settings(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builder_module, "_gpu_ops", _raise_no_gpu)
+    g = asyncio.run(Generator.anew(str(tiny_dir)))
+    assert g.device is KjarniDevice.CPU
+
+
+def test_async_errors_are_raised_before_any_work(tiny: Generator) -> None:
+    async def main() -> None:
+        with pytest.raises(ContextOverflowError):
+            await tiny.agenerate("x" * 300)
+        with pytest.raises(InvalidConfigurationError):
+            tiny.astream_with_config("the", GenerationOverrides(top_k=-2))
+
+    asyncio.run(main())
+
+
+def test_concurrent_async_generations_share_one_generator(tiny: Generator) -> None:
+    settings = [GenerationOverrides(max_tokens=12, temperature=1.0, top_k=0, seed=s) for s in range(3)]
+    expected = [tiny.generate_with_config("the", s) for s in settings]
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(*(tiny.agenerate_with_config("the", s) for s in settings)))
+
+    assert asyncio.run(main()) == expected
+
+
+@pytest.fixture
+def slow_tiny(tiny_dir: Path) -> Generator:
+    """A tiny Generator whose every forward takes at least 10 ms, so a runaway worker shows."""
+    g = Generator.builder().model_path(tiny_dir).cpu().quiet().build()
+    model = g.decoder.model
+    forward = model.forward
+
+    def slow_forward(*args: object, **kwargs: object) -> object:
+        time.sleep(0.01)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward  # type: ignore[method-assign]
+    return g
+
+
+GREEDY_LONG = GenerationOverrides(max_tokens=150, temperature=0.0)
+
+
+def _settles() -> bool:
+    """True once no kjarni worker thread is alive (within 5 s)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not [t for t in threading.enumerate() if t.name.startswith("kjarni-generate") and t.is_alive()]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_free(g: Generator, limit: float) -> float:
+    began = time.monotonic()
+    while g._lock.locked() and time.monotonic() - began < limit:
+        time.sleep(0.005)
+    return time.monotonic() - began
+
+
+async def _await_free(g: Generator, limit: float) -> float:
+    """Seconds until ``g`` is free, polled without leaving the event loop (which stays open)."""
+    began = time.monotonic()
+    while g._lock.locked() and time.monotonic() - began < limit:
+        await asyncio.sleep(0.005)
+    return time.monotonic() - began
+
+
+def test_cancelling_an_async_generation_stops_the_worker_and_frees_the_generator(slow_tiny: Generator) -> None:
+    g = slow_tiny
+    assert len(list(g.stream_with_config("the", GREEDY_LONG))) == 150  # uncancelled it runs to max_tokens (1.5 s+)
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in g.astream_with_config("the", GREEDY_LONG):
+                started.set()
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _await_free(g, 3.0) < 0.5  # within a token or two, not the rest of the generation
+        await asyncio.wait_for(g.agenerate_with_config("the", GenerationOverrides(max_tokens=2)), 10)
+
+    asyncio.run(main())
+    assert _settles()
+
+
+def test_cancelling_agenerate_stops_it_promptly(slow_tiny: Generator) -> None:
+    async def main() -> None:
+        task = asyncio.create_task(slow_tiny.agenerate_with_config("the", GREEDY_LONG))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _await_free(slow_tiny, 3.0) < 0.5  # the generation alone would take 1.5 s more
+
+    asyncio.run(main())
+
+
+def test_aclose_and_break_free_the_generator(tiny: Generator) -> None:
+    async def main() -> None:
+        stream = tiny.astream_with_config("the", GenerationOverrides(max_tokens=200))
+        await stream.__anext__()
+        await asyncio.wait_for(stream.aclose(), 5)
+        assert not tiny._lock.locked()  # aclose waits until the worker let go
+        async with tiny.astream_with_config("the", GenerationOverrides(max_tokens=200)) as s:
+            async for _ in s:
+                break
+        assert not tiny._lock.locked()
+        await asyncio.wait_for(tiny.agenerate_with_config("the", GenerationOverrides(max_tokens=2)), 10)
+
+    asyncio.run(main())
+
+
+def test_a_task_waiting_its_turn_can_be_cancelled(tiny: Generator) -> None:
+    async def main() -> None:
+        holder = tiny.stream_with_config("the", GenerationOverrides(max_tokens=5))  # this thread holds it
+        waiter = asyncio.create_task(tiny.agenerate_with_config("the", GenerationOverrides(max_tokens=2)))
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, 5)
+        holder.close()
+        await asyncio.wait_for(tiny.agenerate_with_config("the", GenerationOverrides(max_tokens=2)), 10)
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- output streams
+
+
+def test_generation_prints_nothing_on_stdout(tiny_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    g = Generator.builder().model_path(tiny_dir).cpu().build()
+    g.generate_with_config("the", GenerationOverrides(max_tokens=3))
+    out, err = capfd.readouterr()
+    assert out == "" and "loading" in err
+
+
+def test_quiet_silences_everything(tiny_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    g = Generator.builder().model_path(tiny_dir).cpu().quiet().build()
+    g.generate_with_config("the", GenerationOverrides(max_tokens=3))
+    assert capfd.readouterr() == ("", "")
+
+
+def test_sources_resolve_is_used_for_registry_names(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_resolve(name, *, cache_dir=None, policy=DownloadPolicy.IF_MISSING, quiet=False, prefer="gguf"):  # noqa: ANN001
+        seen.update(name=name, cache_dir=cache_dir, policy=policy, quiet=quiet)
+        return sources.ModelSource("smollm2-135m-instruct", tiny_dir, None)
+
+    monkeypatch.setattr(sources, "resolve", fake_resolve)
+    g = GeneratorBuilder().cache_dir("/tmp/c").offline().cpu().quiet().build()
+    assert seen == {"name": "smollm2-135m-instruct", "cache_dir": Path("/tmp/c"), "policy": DownloadPolicy.NEVER, "quiet": True}
+    assert g.model_name == "smollm2-135m-instruct"
