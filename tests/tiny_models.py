@@ -286,7 +286,7 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
 
     tokens, token_types, merges = tiny_vocab(config["vocab_size"])
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types(token_types)
     writer.add_token_merges(merges)
