@@ -1,0 +1,425 @@
+"""WgpuContext: one WebGPU device and everything made on it once.
+
+It owns the adapter and device, buffers (weights, the KV cache, a pool of activation buffers),
+pipelines (created once per kernel, variant and constants), bind groups (created once per set of
+buffers), the per-step data (one small uniform and the token ids, written once per forward) and a
+persistent MAP_READ staging buffer. Work is recorded lazily into one command encoder and one
+compute pass; `read` ends them, submits once and reads back only the bytes asked for. Several
+models (each a `WgpuOps`) may share one context.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import wgpu
+
+from kjarni.errors import GenerationFailedError, GpuUnavailableError, InvalidConfigurationError
+from kjarni.gpu import kernels
+
+BU = wgpu.BufferUsage
+STORAGE = BU.STORAGE | BU.COPY_DST | BU.COPY_SRC
+UNIFORM = BU.UNIFORM | BU.COPY_DST
+
+_ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+
+
+def _describe(adapter: Any) -> str:
+    info = adapter.info
+    return f"{info.get('device') or info.get('description')} ({info.get('backend_type')}, {info.get('adapter_type')})"
+
+
+def find_adapter(name: str | None = None, backend: str | None = None) -> Any:
+    """The best adapter: discrete before integrated before CPU, filtered by backend and name.
+
+    ``backend`` defaults to the ``WGPU_BACKEND_TYPE`` environment variable (``Vulkan``, ``Metal``,
+    ``D3D12``, ``OpenGL``); ``name`` is a case-insensitive substring of the adapter's description.
+    """
+    backend = backend or os.environ.get("WGPU_BACKEND_TYPE", "").strip() or None
+    try:
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as exc:  # the native library itself failed (no driver at all)
+        raise GpuUnavailableError(f"no WebGPU adapter: wgpu could not enumerate adapters ({exc})") from exc
+    found = [_describe(a) for a in adapters]
+    chosen = [
+        a
+        for a in adapters
+        if (backend is None or str(a.info.get("backend_type", "")).lower() == backend.lower())
+        and (name is None or name.lower() in a.summary.lower())
+    ]
+    if not chosen:
+        wanted = " and ".join(
+            part for part in (backend and f"backend {backend!r}", name and f"name containing {name!r}") if part
+        )
+        raise GpuUnavailableError(
+            f"no WebGPU adapter{' with ' + wanted if wanted else ''}; found: {', '.join(found) or 'none'}. "
+            "Install a Vulkan/Metal/D3D12 driver (on Linux without a GPU: mesa-vulkan-drivers), "
+            "or run on the CPU backend"
+        )
+
+    def rank(a: Any) -> tuple[int, int]:
+        info = a.info
+        return _ADAPTER_RANK.get(str(info.get("adapter_type")), 4), int(info.get("backend_type") == "OpenGL")
+
+    return min(chosen, key=rank)
+
+
+@dataclass
+class Stats:
+    """Counters a test or benchmark can read; ``last_dispatches`` is the last submit's dispatch count."""
+
+    dispatches: int = 0
+    submits: int = 0
+    last_dispatches: int = 0
+    pending_dispatches: int = 0
+    bind_groups: int = 0
+    pipelines: int = 0
+    pooled_buffers: int = 0
+    pooled_bytes: int = 0
+    weight_bytes: int = 0
+    kernel_times: list[tuple[str, float]] = field(default_factory=list)
+
+
+class Scratch:
+    """A pooled activation buffer; returned to the pool when the last handle using it goes away."""
+
+    __slots__ = ("buffer", "size", "__weakref__")
+
+    def __init__(self, buffer: Any, size: int) -> None:
+        self.buffer = buffer
+        self.size = size
+
+
+class WgpuContext:
+    """A WebGPU device plus the buffers, pipelines and bind groups made on it, each once.
+
+    ``adapter_name`` picks an adapter by a substring of its description; ``backend`` forces a
+    backend (default: ``WGPU_BACKEND_TYPE``). ``max_binding_size`` lowers the storage binding
+    limit (tests use it to exercise the split of large weights across bindings).
+    ``submit_every``: submit after this many recorded dispatches so the GPU starts on the first
+    layers while Python records the rest (default None: one submit per read, i.e. per step).
+    Raises `GpuUnavailableError` when no adapter or device can be had.
+    """
+
+    def __init__(
+        self,
+        adapter_name: str | None = None,
+        *,
+        backend: str | None = None,
+        max_binding_size: int | None = None,
+        use_subgroups: bool = True,
+        submit_every: int | None = None,
+    ) -> None:
+        self.adapter = find_adapter(adapter_name, backend)
+        self.info = dict(self.adapter.info)
+        self.description = _describe(self.adapter)
+        limits = self.adapter.limits
+        features = [f for f in _WANTED_FEATURES if f in self.adapter.features]
+        required = {
+            "max-buffer-size": limits["max-buffer-size"],
+            "max-storage-buffer-binding-size": limits["max-storage-buffer-binding-size"],
+            "max-compute-workgroup-storage-size": limits["max-compute-workgroup-storage-size"],
+            "max-compute-invocations-per-workgroup": limits["max-compute-invocations-per-workgroup"],
+            "max-storage-buffers-per-shader-stage": min(limits["max-storage-buffers-per-shader-stage"], 10),
+        }
+        try:
+            self.device = self.adapter.request_device_sync(required_features=features, required_limits=required)
+        except Exception as exc:
+            raise GpuUnavailableError(f"could not open a device on {self.description}: {exc}") from exc
+        self.queue = self.device.queue
+        self.features = frozenset(features)
+        self.has_f16 = "shader-f16" in self.features
+        self.has_subgroups = use_subgroups and "subgroup" in self.features
+        self.has_timestamps = "timestamp-query" in self.features
+        self.max_buffer_size = int(limits["max-buffer-size"])
+        self.max_binding_size = int(limits["max-storage-buffer-binding-size"])
+        if max_binding_size is not None:
+            self.max_binding_size = min(self.max_binding_size, int(max_binding_size))
+        self.storage_alignment = int(limits["min-storage-buffer-offset-alignment"])
+        self.submit_every = submit_every
+        self.stats = Stats()
+        self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._pipelines: dict[tuple, Any] = {}
+        self._bind_groups: dict[tuple, Any] = {}
+        self._uniforms: dict[bytes, Any] = {}
+        self._pool: dict[int, list[Any]] = {}
+        self._encoder: Any = None
+        self._pass: Any = None
+        self._pipeline_in_pass: Any = None
+        self._staging: Any = None
+        self._step_values: dict[str, bytes] = {}
+        self._step_used: set[str] = set()
+        self._step_buffers: dict[str, Any] = {}
+        self.dummy = self.device.create_buffer(size=256, usage=STORAGE, label="dummy")
+        self._profile: list[tuple[str, int]] | None = None
+        self._query_set: Any = None
+
+    # ------------------------------------------------------------------ buffers
+
+    def upload(self, data: np.ndarray, label: str) -> Any:
+        """A storage buffer holding ``data``'s bytes (padded to 4 bytes), counted as weights."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        size = max(16, -(-raw.nbytes // 16) * 16)
+        if size > self.max_buffer_size:
+            raise InvalidConfigurationError(
+                f"{label}: {size} bytes exceed this GPU's largest buffer ({self.max_buffer_size} bytes)"
+            )
+        buffer = self.device.create_buffer(size=size, usage=STORAGE, label=label)
+        if raw.nbytes:
+            padded = raw if raw.nbytes % 4 == 0 else np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
+            self.queue.write_buffer(buffer, 0, padded)
+        self.stats.weight_bytes += size
+        return buffer
+
+    def storage(self, size: int, label: str) -> Any:
+        """A zeroed storage buffer that lives as long as its owner (the KV cache)."""
+        return self.device.create_buffer(size=max(16, -(-size // 16) * 16), usage=STORAGE, label=label)
+
+    def scratch(self, nbytes: int) -> Scratch:
+        """An activation buffer from the pool (sizes are powers of two, reused step after step)."""
+        size = max(256, 1 << (max(nbytes, 1) - 1).bit_length())
+        if size > self.max_binding_size:
+            size = -(-nbytes // 256) * 256
+            if size > self.max_binding_size:
+                raise InvalidConfigurationError(
+                    f"an activation of {nbytes} bytes exceeds this GPU's storage binding limit of "
+                    f"{self.max_binding_size} bytes; use fewer tokens per forward (or logits='last')"
+                )
+        free = self._pool.setdefault(size, [])
+        if free:
+            buffer = free.pop()
+        else:
+            buffer = self.device.create_buffer(size=size, usage=STORAGE, label=f"scratch{size}")
+            self.stats.pooled_buffers += 1
+            self.stats.pooled_bytes += size
+        item = Scratch(buffer, size)
+        weakref.finalize(item, free.append, buffer)
+        return item
+
+    def uniform(self, data: bytes) -> Any:
+        """A uniform buffer holding ``data``, created once per distinct content."""
+        buffer = self._uniforms.get(data)
+        if buffer is None:
+            buffer = self.device.create_buffer(size=len(data), usage=UNIFORM, label="params")
+            self.queue.write_buffer(buffer, 0, data)
+            self._uniforms[data] = buffer
+        return buffer
+
+    def step_buffer(self, name: str, data: bytes, *, usage: int = UNIFORM, capacity: int = 256) -> Any:
+        """The per-step buffer ``name`` holding ``data`` for the dispatches recorded from now on.
+
+        Written with one ``queue.write_buffer`` when its content changes. If dispatches already
+        recorded (not yet submitted) read the old content, they are submitted first, so every
+        recorded dispatch sees the value it was recorded with.
+        """
+        buffer = self._step_buffers.get(name)
+        if buffer is not None and buffer.size < len(data):
+            self.flush()
+            buffer = None
+        if buffer is None:
+            size = max(capacity, 1 << (len(data) - 1).bit_length())
+            buffer = self.device.create_buffer(size=size, usage=usage | BU.COPY_DST, label=f"step:{name}")
+            self._step_buffers[name] = buffer
+            self._step_values.pop(name, None)
+        if self._step_values.get(name) != data:
+            if name in self._step_used:
+                self.flush()
+            self.queue.write_buffer(buffer, 0, data)
+            self._step_values[name] = data
+        self._step_used.add(name)
+        return buffer
+
+    # ------------------------------------------------------------------ pipelines
+
+    def layout(self, kinds: tuple[str, ...]) -> tuple[Any, Any]:
+        """(bind group layout, pipeline layout) for bindings 0.. of ``kinds``: uniform / read / rw."""
+        cached = self._layouts.get(kinds)
+        if cached is None:
+            types = {
+                "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform}},
+                "read": {"buffer": {"type": wgpu.BufferBindingType.read_only_storage}},
+                "rw": {"buffer": {"type": wgpu.BufferBindingType.storage}},
+            }
+            entries = [
+                {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, **types[kind]} for i, kind in enumerate(kinds)
+            ]
+            bgl = self.device.create_bind_group_layout(entries=entries)
+            cached = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+            self._layouts[kinds] = cached
+        return cached
+
+    def pipeline(
+        self,
+        kernel: str,
+        kinds: tuple[str, ...],
+        *,
+        entry: str = "main",
+        flags: Sequence[str] = (),
+        constants: dict[str, float] | None = None,
+        source: str | Callable[[], str] | None = None,
+    ) -> Any:
+        """The compute pipeline of ``shaders/<kernel>.wgsl`` (or ``source``, text or a function
+        making it, called only on a cache miss), created once per kernel, entry, flags and constants."""
+        flag_set = frozenset(flags) | ({"subgroup"} if self.has_subgroups else frozenset())
+        const_items = tuple(sorted((constants or {}).items()))
+        key = (kernel, entry, flag_set, const_items, kinds)
+        pipeline = self._pipelines.get(key)
+        if pipeline is not None:
+            return pipeline
+        if source is None:
+            code = kernels.source(kernel, flag_set)
+        else:
+            code = source() if callable(source) else source
+        variant = f"{kernel}.wgsl entry {entry!r}" + (f" ({', '.join(sorted(flag_set))})" if flag_set else "")
+        try:
+            module = self.device.create_shader_module(code=code, label=kernel)
+            pipeline = self.device.create_compute_pipeline(
+                layout=self.layout(kinds)[1],
+                compute={"module": module, "entry_point": entry, "constants": dict(const_items)},
+                label=f"{kernel}:{entry}",
+            )
+        except Exception as exc:
+            raise GenerationFailedError(f"GPU kernel {variant} failed to compile on {self.description}: {exc}") from exc
+        self._pipelines[key] = pipeline
+        self.stats.pipelines += 1
+        pipeline.kjarni_kinds = kinds
+        pipeline.kjarni_name = f"{kernel}:{entry}"
+        return pipeline
+
+    def bind_group(self, pipeline: Any, buffers: Sequence[Any]) -> Any:
+        """A bind group of whole ``buffers`` (bindings 0..) for ``pipeline``, created once."""
+        kinds = pipeline.kjarni_kinds
+        key = (kinds, *buffers)
+        group = self._bind_groups.get(key)
+        if group is None:
+            entries = [
+                {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)
+            ]
+            group = self.device.create_bind_group(layout=self.layout(kinds)[0], entries=entries)
+            self._bind_groups[key] = group
+            self.stats.bind_groups += 1
+        return group
+
+    # ------------------------------------------------------------------ recording
+
+    def dispatch(self, pipeline: Any, buffers: Sequence[Any], grid: tuple[int, int, int]) -> None:
+        """Record one dispatch of ``pipeline`` over ``grid`` with ``buffers`` bound in order."""
+        group = self.bind_group(pipeline, buffers)
+        if self._profile is not None:
+            self._dispatch_profiled(pipeline, group, grid)
+            return
+        if self._pass is None:
+            if self._encoder is None:
+                self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+            self._pipeline_in_pass = None
+        if self._pipeline_in_pass is not pipeline:
+            self._pass.set_pipeline(pipeline)
+            self._pipeline_in_pass = pipeline
+        self._pass.set_bind_group(0, group)
+        self._pass.dispatch_workgroups(*grid)
+        self.stats.dispatches += 1
+        self.stats.pending_dispatches += 1
+        if self.submit_every and self.stats.pending_dispatches >= self.submit_every:
+            self.flush()
+
+    def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, size: int) -> None:
+        """Record a buffer copy (ends the open compute pass)."""
+        self._end_pass()
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        self._encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size)
+
+    def _end_pass(self) -> None:
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
+
+    def flush(self) -> None:
+        """Submit everything recorded so far (no readback)."""
+        self._end_pass()
+        if self._encoder is not None:
+            self.queue.submit([self._encoder.finish()])
+            self._encoder = None
+            self.stats.submits += 1
+            self.stats.last_dispatches = self.stats.pending_dispatches
+            self.stats.pending_dispatches = 0
+        self._step_used.clear()
+
+    def read(self, buffer: Any, offset: int, nbytes: int) -> bytes:
+        """Run the recorded work and return ``nbytes`` of ``buffer`` from ``offset`` (one submit)."""
+        size = -(-nbytes // 4) * 4
+        if self._staging is None or self._staging.size < size:
+            staging_size = max(4096, 1 << (size - 1).bit_length())
+            self._staging = self.device.create_buffer(size=staging_size, usage=BU.MAP_READ | BU.COPY_DST, label="staging")
+        self.copy(buffer, offset, self._staging, 0, size)
+        self.flush()
+        self._staging.map_sync(wgpu.MapMode.READ, 0, size)
+        try:
+            data = bytes(self._staging.read_mapped(0, size, copy=True))
+        finally:
+            self._staging.unmap()
+        if self._profile is not None:
+            self._resolve_profile()
+        return data[:nbytes]
+
+    # ------------------------------------------------------------------ profiling
+
+    def profile(self, enabled: bool) -> None:
+        """Time every dispatch with timestamp queries (one pass per dispatch) until disabled.
+
+        Times land in ``stats.kernel_times`` as ``(kernel:entry, seconds)`` at the next read.
+        """
+        if enabled and not self.has_timestamps:
+            raise GpuUnavailableError(f"{self.description} has no timestamp-query feature")
+        self.flush()
+        self._profile = [] if enabled else None
+        self.stats.kernel_times = []
+
+    def _dispatch_profiled(self, pipeline: Any, group: Any, grid: tuple[int, int, int]) -> None:
+        assert self._profile is not None
+        count = 2 * (len(self._profile) + 1)
+        if self._query_set is None or self._query_set.count < count:
+            self.flush()
+            if self._profile:
+                raise GenerationFailedError("profile: too many dispatches between reads (limit 2048)")
+            self._query_set = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=4096)
+        self._end_pass()
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+        i = len(self._profile)
+        compute_pass = self._encoder.begin_compute_pass(
+            timestamp_writes={
+                "query_set": self._query_set,
+                "beginning_of_pass_write_index": 2 * i,
+                "end_of_pass_write_index": 2 * i + 1,
+            }
+        )
+        compute_pass.set_pipeline(pipeline)
+        compute_pass.set_bind_group(0, group)
+        compute_pass.dispatch_workgroups(*grid)
+        compute_pass.end()
+        self._profile.append((pipeline.kjarni_name, i))
+        self.stats.dispatches += 1
+        self.stats.pending_dispatches += 1
+
+    def _resolve_profile(self) -> None:
+        assert self._profile is not None
+        if not self._profile:
+            return
+        n = 2 * len(self._profile)
+        resolve = self.device.create_buffer(size=8 * n, usage=BU.QUERY_RESOLVE | BU.COPY_SRC)
+        encoder = self.device.create_command_encoder()
+        encoder.resolve_query_set(self._query_set, 0, n, resolve, 0)
+        self.queue.submit([encoder.finish()])
+        ticks = np.frombuffer(self.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+        period = 1e-9  # WebGPU timestamps are nanoseconds
+        self.stats.kernel_times.extend(
+            (name, (ticks[2 * i + 1] - ticks[2 * i]) * period) for name, i in self._profile
+        )
+        self._profile = []

@@ -1,0 +1,499 @@
+"""WgpuOps: the `Ops` contract (kjarni/ops.py) on a WebGPU device, matching NumpyOps.
+
+Every op records dispatches into the context's one command encoder; ``read``, ``argmax`` and
+``top_k`` submit it once and read back only what they return, so a decode step (all layers,
+final norm, LM head, argmax) is one submit. Activations are `GpuTensor` handles on pooled buffers
+that go back to the pool when the handle dies, so a steady decode loop allocates nothing; uniforms
+and bind groups are created once per shape and reused.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
+from kjarni.gpu import kernels
+from kjarni.gpu.context import Scratch, Stats, WgpuContext
+from kjarni.gpu.params import (
+    ATTENTION,
+    LINEAR,
+    LINEAR_BIAS,
+    LINEAR_NORM,
+    LINEAR_RESIDUAL,
+    RMS_NORM,
+    ROPE_STORE,
+    SELECT,
+    SILU_MUL,
+    STEP,
+)
+from kjarni.ops import WeightSource
+from kjarni.weights import QuantTensor
+
+LINEAR_KINDS = ("uniform", "read", "read", "read", "read", "read", "read", "rw")
+EMBED_KINDS = ("uniform", "read", "read", "read", "rw")
+ROPE_KINDS = ("uniform", "uniform", "read", "read", "rw", "rw", "rw")
+ATTENTION_KINDS = ("uniform", "uniform", "read", "read", "read", "rw")
+COMBINE_KINDS = ("uniform", "uniform", "read", "rw")
+SELECT_KINDS = ("uniform", "read", "rw", "rw")
+RMS_KINDS = ("uniform", "read", "read", "rw")
+SILU_KINDS = ("uniform", "read", "rw")
+
+DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
+MAX_TOP_K = 256  # larger k reads the row back and selects on the CPU
+
+
+def _fold(workgroups: int) -> tuple[int, int, int]:
+    """A 1-D workgroup count as an (x, y) grid within the 65535-per-dimension limit."""
+    x = min(max(workgroups, 1), 32768)
+    return x, -(-workgroups // x), 1
+
+
+class GpuTensor:
+    """An activation ``[tokens, features]`` of float32 in a pooled GPU buffer."""
+
+    __slots__ = ("scratch", "buffer", "shape")
+
+    def __init__(self, scratch: Scratch, shape: tuple[int, int]) -> None:
+        self.scratch = scratch  # holds the buffer out of the pool while this handle lives
+        self.buffer = scratch.buffer
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape}"
+
+
+@dataclass(eq=False)
+class _Segment:
+    """Rows ``row_offset .. row_offset + rows`` of a matrix in one format, within one binding."""
+
+    format: str  # "f32", "f16" or a GGUF type name ("Q8_0", ...)
+    row_offset: int
+    rows: int
+    w_a: Any
+    w_b: Any
+    linear_kernel: str
+    embed_kernel: str
+    dense: bool  # f32/f16: the linear_body kernels (matvec + matmul); else quant.py's `main`
+
+
+@dataclass(eq=False)
+class GpuWeight:
+    """A weight uploaded once: a vector (``buffer``), an f32 table (``buffer``) or a matrix (``segments``)."""
+
+    name: str
+    kind: str  # "vector", "table" or "matrix"
+    shape: tuple[int, ...]
+    nbytes: int
+    buffer: Any = None
+    segments: list[_Segment] = field(default_factory=list)
+
+    @property
+    def formats(self) -> list[str]:
+        return sorted({s.format for s in self.segments})
+
+
+class WgpuKVCache:
+    """Keys and values per layer, ``[kv_heads, capacity, head_dim]`` each (f32 or f16), allocated once."""
+
+    def __init__(self, context: WgpuContext, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, kv_format: str) -> None:
+        if head_dim % 4 or head_dim > 256:
+            raise InvalidModelError(f"the GPU backend needs head_dim a multiple of 4 and at most 256, got {head_dim}")
+        element = 2 if kv_format == "f16" else 4
+        layer_bytes = num_kv_heads * capacity * head_dim * element
+        if layer_bytes > context.max_binding_size:
+            raise InvalidConfigurationError(
+                f"a KV cache of {capacity} positions needs {layer_bytes} bytes per layer, more than this GPU's "
+                f"binding limit of {context.max_binding_size}; ask for a smaller capacity"
+            )
+        self.keys = [context.storage(layer_bytes, f"k{i}") for i in range(num_layers)]
+        self.values = [context.storage(layer_bytes, f"v{i}") for i in range(num_layers)]
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.capacity = capacity
+        self.kv_format = kv_format
+        self.offset = 0
+        self._nbytes = 2 * num_layers * layer_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` positions; returns the new offset."""
+        self.offset -= min(max(n, 0), self.offset)
+        return self.offset
+
+
+class WgpuOps:
+    """The GPU backend. ``weight_format``: ``"f16"`` (default) or ``"f32"`` (parity with numpy);
+    GGUF quantized weights stay quantized where a kernel exists. ``kv_format``: ``"f16"`` or
+    ``"f32"`` (default: f32 with f32 weights, else f16)."""
+
+    name = "gpu"
+    matvec_max_tokens = 4  # up to this many tokens the matrix-vector kernels run, else tiled matmul
+    matvec_rows = 4  # rows per workgroup of the matvec kernels
+    matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
+
+    def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
+        if weight_format not in ("f16", "f32"):
+            raise InvalidConfigurationError(f"weight_format must be 'f16' or 'f32', not {weight_format!r}")
+        kv_format = kv_format or ("f32" if weight_format == "f32" else "f16")
+        if kv_format not in ("f16", "f32"):
+            raise InvalidConfigurationError(f"kv_format must be 'f16' or 'f32', not {kv_format!r}")
+        self.context = context if context is not None else WgpuContext()
+        self.weight_format = weight_format
+        self.kv_format = kv_format
+        self.weight_bytes = 0
+        self._noticed: set[str] = set()
+        self._plans: dict[tuple, Any] = {}
+
+    @property
+    def stats(self) -> Stats:
+        """Dispatch, submit, pipeline and buffer counters of the context (``last_dispatches``: last submit)."""
+        return self.context.stats
+
+    # ------------------------------------------------------------------ weights
+
+    def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> GpuWeight:
+        ctx = self.context
+        if isinstance(parts, (np.ndarray, QuantTensor)):
+            parts = [parts]
+        parts = list(parts)
+        if all(isinstance(p, np.ndarray) and p.ndim == 1 for p in parts):
+            vector = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
+            return self._register(GpuWeight(name, "vector", vector.shape, vector.nbytes, buffer=ctx.upload(vector, name)))
+        if name == "rope" or name.endswith(".rope"):
+            table = np.ascontiguousarray(np.concatenate([np.asarray(p, np.float32) for p in parts]))
+            return self._register(GpuWeight(name, "table", table.shape, table.nbytes, buffer=ctx.upload(table, name)))
+        segments: list[_Segment] = []
+        row = 0
+        cols = None
+        # Consecutive parts of one format are stacked and uploaded together; a format change
+        # (e.g. Q4_K q/k with a Q6_K v) starts a new segment that writes its own rows of y.
+        for group in self._group_parts(parts, name):
+            fmt, arrays = group
+            cols = cols if cols is not None else _cols(arrays[0])
+            if _cols(arrays[0]) != cols:
+                raise InvalidModelError(f"{name}: parts have different column counts")
+            segments.extend(self._upload_matrix(fmt, arrays, row, name))
+            row += sum(_rows(a) for a in arrays)
+        nbytes = sum(_nbytes(s) for s in segments)
+        return self._register(GpuWeight(name, "matrix", (row, cols), nbytes, segments=segments))
+
+    def _register(self, w: GpuWeight) -> GpuWeight:
+        self.weight_bytes += w.nbytes
+        return w
+
+    def _group_parts(self, parts: list, name: str) -> list[tuple[str, list]]:
+        from kjarni.gpu import quant
+
+        groups: list[tuple[str, list]] = []
+        for p in parts:
+            if isinstance(p, QuantTensor):
+                fmt = quant.T(p.ggml_type).name
+                if quant.T(p.ggml_type) in quant.SUPPORTED and kernels.exists("linear_" + fmt.lower()):
+                    item: Any = p
+                else:
+                    if fmt not in self._noticed:
+                        self._noticed.add(fmt)
+                        print(f"kjarni: {fmt} weights have no GPU kernel; converting them to {self.weight_format} at load",
+                              file=sys.stderr)
+                    fmt, item = self.weight_format, p.dequantize()
+            else:
+                fmt, item = self.weight_format, np.asarray(p, dtype=np.float32)
+                if item.ndim != 2:
+                    raise InvalidModelError(f"{name}: expected a 2-D matrix, got shape {item.shape}")
+            if groups and groups[-1][0] == fmt:
+                groups[-1][1].append(item)
+            else:
+                groups.append((fmt, [item]))
+        return groups
+
+    def _upload_matrix(self, fmt: str, arrays: list, row0: int, name: str) -> list[_Segment]:
+        from kjarni.gpu import quant
+
+        ctx = self.context
+        limit = ctx.max_binding_size
+        if fmt in ("f16", "f32"):
+            matrix = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+            rows, cols = matrix.shape
+            padded_cols = -(-cols // 8) * 8
+            dtype = np.float16 if fmt == "f16" else np.float32
+            row_bytes = padded_cols * np.dtype(dtype).itemsize
+            per_chunk = limit // row_bytes
+            if per_chunk < 1:
+                raise InvalidModelError(f"{name}: one row of {row_bytes} bytes exceeds the GPU binding limit {limit}")
+            segments = []
+            for r in range(0, rows, per_chunk):
+                chunk = np.zeros((min(per_chunk, rows - r), padded_cols), dtype=dtype)
+                chunk[:, :cols] = matrix[r : r + per_chunk]
+                buf = ctx.upload(chunk, f"{name}[{r}:]")
+                segments.append(
+                    _Segment(fmt, row0 + r, chunk.shape[0], buf, ctx.dummy, f"linear_{fmt}", f"embed_{fmt}", True)
+                )
+            return segments
+        reps = [quant.repack(a) for a in arrays]
+        rep = reps[0]
+        if len(reps) > 1:
+            import dataclasses
+
+            rep = dataclasses.replace(
+                rep,
+                rows=sum(r.rows for r in reps),
+                w_a=np.concatenate([r.w_a for r in reps]),
+                w_b=np.concatenate([r.w_b for r in reps]),
+            )
+        return [
+            _Segment(
+                fmt, row0 + chunk.row_offset, chunk.rows, ctx.upload(chunk.w_a, name), ctx.upload(chunk.w_b, name),
+                chunk.kernel, chunk.embed_kernel, False,
+            )
+            for chunk in quant.split_rows(rep, limit)
+        ]
+
+    # ------------------------------------------------------------------ activations
+
+    def _new(self, tokens: int, features: int) -> GpuTensor:
+        return GpuTensor(self.context.scratch(tokens * features * 4), (tokens, features))
+
+    def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> WgpuKVCache:
+        return WgpuKVCache(self.context, num_layers, num_kv_heads, head_dim, capacity, self.kv_format)
+
+    def embed(self, table: GpuWeight, token_ids: np.ndarray) -> GpuTensor:
+        ctx = self.context
+        ids = np.asarray(token_ids).reshape(-1)
+        rows, cols = table.shape
+        if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
+            raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
+        tokens = int(ids.size)
+        id_buffer = ctx.step_buffer("ids", ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384)
+        out = self._new(tokens, cols)
+        for seg in table.segments:
+            pipeline = self._pipeline(seg, seg.embed_kernel, EMBED_KINDS, "main")
+            params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, row_offset=seg.row_offset))
+            ctx.dispatch(pipeline, (params, id_buffer, seg.w_a, seg.w_b, out.buffer), (min(tokens, 65535), 1, 1))
+        return out
+
+    def rms_norm(self, x: GpuTensor, weight: GpuWeight, eps: float) -> GpuTensor:
+        ctx = self.context
+        tokens, cols = x.shape
+        out = self._new(tokens, cols)
+        pipeline = ctx.pipeline("rms_norm", RMS_KINDS)
+        params = ctx.uniform(RMS_NORM.pack(cols=cols, tokens=tokens, eps=eps))
+        ctx.dispatch(pipeline, (params, x.buffer, weight.buffer, out.buffer), (tokens, 1, 1))
+        return out
+
+    def linear(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight | None = None, residual: GpuTensor | None = None) -> GpuTensor:
+        return self._linear(x, weight, bias, residual, None, 0.0)
+
+    def norm_linear(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, weight: GpuWeight, bias: GpuWeight | None = None) -> GpuTensor:
+        return self._linear(x, weight, bias, None, norm_weight, eps)
+
+    def _linear(self, x, weight, bias, residual, norm_weight, eps) -> GpuTensor:
+        ctx = self.context
+        tokens, cols = x.shape
+        rows = weight.shape[0]
+        if weight.kind != "matrix" or weight.shape[1] != cols:
+            raise InvalidConfigurationError(f"linear: x of shape {x.shape} does not fit weight {weight.name} {weight.shape}")
+        flags = (
+            (LINEAR_BIAS if bias is not None else 0)
+            | (LINEAR_RESIDUAL if residual is not None else 0)
+            | (LINEAR_NORM if norm_weight is not None else 0)
+        )
+        out = self._new(tokens, rows)
+        dummy = ctx.dummy
+        common = (
+            bias.buffer if bias is not None else dummy,
+            residual.buffer if residual is not None else dummy,
+            norm_weight.buffer if norm_weight is not None else dummy,
+        )
+        for seg in weight.segments:
+            key = (id(seg), tokens, flags, eps)
+            plan = self._plans.get(key)
+            if plan is None:
+                # (pipeline, params uniform, grid, seg): seg stays referenced while its id is a key
+                plan = self._plans[key] = (*self._linear_plan(seg, cols, rows, tokens, flags, eps), seg)
+            pipeline, params, grid, _ = plan
+            ctx.dispatch(pipeline, (params, x.buffer, seg.w_a, seg.w_b, *common, out.buffer), grid)
+        return out
+
+    def _linear_plan(self, seg: _Segment, cols: int, rows: int, tokens: int, flags: int, eps: float):
+        from kjarni.gpu import quant
+
+        ctx = self.context
+        params = ctx.uniform(
+            LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
+        )
+        if not seg.dense:
+            pipeline = self._pipeline(seg, seg.linear_kernel, LINEAR_KINDS, "main")
+            return pipeline, params, (quant.workgroup_count(seg.rows, subgroups=ctx.has_subgroups), 1, 1)
+        if tokens <= self.matvec_max_tokens:
+            chunks = -(-cols // 8)
+            threads = max(64, min(self.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
+            constants = {"R": self.matvec_rows, "WG": threads}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec", constants=constants)
+            return pipeline, params, _fold(-(-seg.rows // self.matvec_rows))
+        pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matmul")
+        return pipeline, params, (-(-seg.rows // 64), -(-tokens // 64), 1)
+
+    def _pipeline(self, seg: _Segment, kernel: str, kinds: tuple[str, ...], entry: str) -> Any:
+        ctx = self.context
+        if seg.dense:
+            return ctx.pipeline(kernel, kinds, entry=entry)
+        from kjarni.gpu import quant
+
+        def source() -> str:
+            return quant.shader_source(kernel, subgroups=ctx.has_subgroups)
+
+        return ctx.pipeline(kernel, kinds, entry=entry, source=source, flags=("quant",))
+
+    def rope_store(self, qkv: GpuTensor, rope: GpuWeight, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+        ctx = self.context
+        tokens, width = qkv.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = (width - 2 * kv * hd) // hd
+        if start + tokens > kv_cache.capacity:
+            raise ContextOverflowError(
+                f"{start + tokens} positions do not fit in a KV cache of {kv_cache.capacity}",
+                tokens=start + tokens,
+                context=kv_cache.capacity,
+            )
+        if rope.kind != "table" or start + tokens > rope.shape[0]:
+            raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
+        step = ctx.step_buffer("start", STEP.pack(start=start))
+        q = self._new(tokens, heads * hd)
+        params = ctx.uniform(
+            ROPE_STORE.pack(num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity)
+        )
+        pipeline = ctx.pipeline("rope_store", ROPE_KINDS, flags=self._kv_flags(kv_cache))
+        buffers = (params, step, qkv.buffer, rope.buffer, kv_cache.keys[layer], kv_cache.values[layer], q.buffer)
+        ctx.dispatch(pipeline, buffers, _fold(-(-tokens * (heads + 2 * kv) * (hd // 4) // 64)))
+        return q
+
+    def _subgroup_flag(self) -> frozenset[str]:
+        return frozenset({"subgroup"}) if self.context.has_subgroups else frozenset()
+
+    @staticmethod
+    def _kv_flags(kv_cache: WgpuKVCache) -> tuple[str, ...]:
+        return ("kv_f16",) if kv_cache.kv_format == "f16" else ()
+
+    def attention(self, q: GpuTensor, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+        ctx = self.context
+        tokens, width = q.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = width // hd
+        step = ctx.step_buffer("start", STEP.pack(start=start))
+        max_splits = -(-kv_cache.capacity // DECODE_CHUNK)
+        params = ctx.uniform(
+            ATTENTION.pack(
+                num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                max_splits=max_splits, scale=float(np.float32(1.0 / np.sqrt(hd))),
+            )
+        )
+        flags = self._kv_flags(kv_cache)
+        out = self._new(tokens, width)
+        k_buf, v_buf = kv_cache.keys[layer], kv_cache.values[layer]
+        if tokens <= self.matvec_max_tokens:
+            # Flash-decoding: chunks of DECODE_CHUNK positions in parallel, then one merge.
+            partial = ctx.scratch(tokens * heads * max_splits * (hd + 2) * 4)
+            decode = ctx.pipeline(
+                "attention_decode", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd, "WG": DECODE_CHUNK}
+            )
+            splits = -(-(start + tokens) // DECODE_CHUNK)
+            ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
+            combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
+            ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+        else:
+            def source() -> str:
+                # Private arrays cannot be sized by an override: size q and the output row exactly.
+                text = kernels.source("attention_prefill", frozenset(flags) | self._subgroup_flag())
+                return text.replace("const MAX_D4: u32 = 64u;", f"const MAX_D4: u32 = {hd // 4}u;")
+
+            prefill = ctx.pipeline(
+                "attention_prefill", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd}, source=source
+            )
+            ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), (-(-tokens // 32), heads, 1))
+        return out
+
+    def silu_mul(self, x: GpuTensor) -> GpuTensor:
+        ctx = self.context
+        tokens, width = x.shape
+        half = width // 2
+        out = self._new(tokens, half)
+        params = ctx.uniform(SILU_MUL.pack(half=half, tokens=tokens))
+        ctx.dispatch(ctx.pipeline("silu_mul", SILU_KINDS), (params, x.buffer, out.buffer), _fold(-(-tokens * half // 64)))
+        return out
+
+    def rows(self, x: GpuTensor, first: int, count: int) -> GpuTensor:
+        tokens, features = x.shape
+        if not (0 <= first and count >= 0 and first + count <= tokens):
+            raise InvalidConfigurationError(f"rows {first}..{first + count} outside an activation of {tokens} rows")
+        if first == 0:
+            return GpuTensor(x.scratch, (count, features))  # a prefix view of the same buffer
+        out = self._new(count, features)
+        self.context.copy(x.buffer, first * features * 4, out.buffer, 0, count * features * 4)
+        return out
+
+    # ------------------------------------------------------------------ readback
+
+    def read(self, x: GpuTensor) -> np.ndarray:
+        tokens, features = x.shape
+        data = self.context.read(x.buffer, 0, tokens * features * 4)
+        return np.frombuffer(data, dtype=np.float32).reshape(tokens, features).copy()
+
+    def argmax(self, x: GpuTensor) -> np.ndarray:
+        ctx = self.context
+        tokens, cols = x.shape
+        chunks = -(-cols // 2048)
+        partial = ctx.scratch(tokens * chunks * 8)
+        out = ctx.scratch(tokens * 4)
+        params = ctx.uniform(SELECT.pack(cols=cols, tokens=tokens, chunks=chunks, k=1))
+        buffers = (params, x.buffer, partial.buffer, out.buffer)
+        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="chunks"), buffers, (chunks, tokens, 1))
+        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="main"), buffers, (1, tokens, 1))
+        data = ctx.read(out.buffer, 0, tokens * 4)
+        return np.frombuffer(data, dtype=np.uint32).astype(np.int64)
+
+    def top_k(self, x: GpuTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        ctx = self.context
+        tokens, cols = x.shape
+        k = min(int(k), cols)
+        if k < 1:
+            raise InvalidConfigurationError(f"top_k needs k >= 1, got {k}")
+        if k > MAX_TOP_K:
+            logits = self.read(x)
+            part = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+            values = np.take_along_axis(logits, part, axis=-1)
+            order = np.lexsort((part, -values), axis=-1)
+            ids = np.take_along_axis(part, order, axis=-1)
+            return np.take_along_axis(logits, ids, axis=-1), ids.astype(np.int64)
+        chunks = -(-cols // 2048)
+        partial = ctx.scratch(tokens * chunks * k * 8)
+        out = ctx.scratch(tokens * k * 8)
+        params = ctx.uniform(SELECT.pack(cols=cols, tokens=tokens, chunks=chunks, k=k))
+        buffers = (params, x.buffer, partial.buffer, out.buffer)
+        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="chunks"), buffers, (chunks, tokens, 1))
+        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="main"), buffers, (1, tokens, 1))
+        pairs = np.frombuffer(ctx.read(out.buffer, 0, tokens * k * 8), dtype=np.uint32).reshape(tokens, k, 2)
+        return pairs[:, :, 0].copy().view(np.float32), pairs[:, :, 1].astype(np.int64)
+
+
+def _storage_usage() -> int:
+    import wgpu
+
+    return wgpu.BufferUsage.STORAGE
+
+
+def _rows(a: Any) -> int:
+    return int(a.shape[0])
+
+
+def _cols(a: Any) -> int:
+    return int(a.shape[1])
+
+
+def _nbytes(seg: _Segment) -> int:
+    return int(seg.w_a.size) + (int(seg.w_b.size) if not seg.dense else 0)

@@ -1,0 +1,83 @@
+"""Every kernel's ``Params`` uniform, declared once: field names in WGSL order, all 4-byte scalars.
+
+A test parses each shader's ``struct Params`` and compares it with these declarations, so the
+Python packing and the WGSL layout cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParamsLayout:
+    """A WGSL uniform struct of ``u32`` / ``f32`` fields, padded to 16 bytes."""
+
+    name: str
+    fields: tuple[tuple[str, str], ...]  # (field name, "u32" | "f32")
+
+    @property
+    def size(self) -> int:
+        return -(-4 * len(self.fields) // 16) * 16
+
+    def __post_init__(self) -> None:
+        codes = "".join("I" if kind == "u32" else "f" for _, kind in self.fields)
+        pad = (self.size - 4 * len(self.fields)) // 4
+        object.__setattr__(self, "_struct", struct.Struct("<" + codes + "I" * pad))
+        object.__setattr__(self, "_names", tuple(name for name, _ in self.fields))
+        object.__setattr__(self, "_pad", (0,) * pad)
+
+    def pack(self, **values: float) -> bytes:
+        """The struct's bytes; missing fields are zero, unknown ones are an error."""
+        if not values.keys() <= set(self._names):
+            raise KeyError(f"{self.name} has no field(s) {sorted(set(values) - set(self._names))}")
+        return self._struct.pack(*(values.get(name, 0) for name in self._names), *self._pad)
+
+
+def _layout(name: str, spec: str) -> ParamsLayout:
+    fields = tuple(tuple(item.split(":")) for item in spec.split())
+    return ParamsLayout(name, fields)  # type: ignore[arg-type]
+
+
+LINEAR = _layout(
+    "LinearParams", "rows:u32 cols:u32 tokens:u32 flags:u32 row_offset:u32 y_stride:u32 eps:f32 _pad:u32"
+)
+"""The linear family (every weight format): docs/gpu-kernels.md."""
+LINEAR_BIAS, LINEAR_RESIDUAL, LINEAR_NORM = 1, 2, 4
+"""``LINEAR.flags`` bits."""
+
+EMBED = LINEAR
+"""The embedding gather family uses the linear Params (flags, y_stride, eps unused)."""
+RMS_NORM = _layout("RmsNormParams", "cols:u32 tokens:u32 eps:f32 _pad:u32")
+SILU_MUL = _layout("SiluMulParams", "half:u32 tokens:u32 _pad0:u32 _pad1:u32")
+ROPE_STORE = _layout(
+    "RopeStoreParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 _pad0:u32 _pad1:u32 _pad2:u32"
+)
+ATTENTION = _layout(
+    "AttentionParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 max_splits:u32 scale:f32 _pad:u32"
+)
+SELECT = _layout("SelectParams", "cols:u32 tokens:u32 chunks:u32 k:u32")
+"""argmax and top_k."""
+
+STEP = _layout("Step", "start:u32 _pad0:u32 _pad1:u32 _pad2:u32")
+"""The per-step uniform (binding ``step``): written once per forward, shared by every layer."""
+
+KERNEL_PARAMS: dict[str, ParamsLayout] = {
+    "linear_f32": LINEAR,
+    "linear_f16": LINEAR,
+    "embed_f32": EMBED,
+    "embed_f16": EMBED,
+    "rms_norm": RMS_NORM,
+    "silu_mul": SILU_MUL,
+    "rope_store": ROPE_STORE,
+    "attention_decode": ATTENTION,
+    "attention_combine": ATTENTION,
+    "attention_prefill": ATTENTION,
+    "argmax": SELECT,
+    "top_k": SELECT,
+}
+"""Shader file stem -> the layout of its ``struct Params`` (quantized kernels use LINEAR / EMBED)."""
+
+STEP_KERNELS = ("rope_store", "attention_decode", "attention_combine", "attention_prefill")
+"""Kernels that also declare ``struct Step``."""

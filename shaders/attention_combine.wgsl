@@ -1,0 +1,55 @@
+// attention_combine (flash-decoding, second pass): out[t, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+// over the splits s covering positions [0, step.start + t], M = max_s m_s.
+// Bindings: params, step, partial (from attention_decode), out [tokens, H hd]. Grid: (H, tokens).
+
+override CHUNK: u32 = 64u;  // keys per split of attention_decode
+
+struct Params {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    tokens: u32,
+    capacity: u32,
+    max_splits: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+struct Step {
+    start: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> partial: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let hd = params.head_dim;
+    let splits = (step.start + t + CHUNK) / CHUNK;  // ceil((start + t + 1) / CHUNK)
+    let base = (t * params.num_heads + h) * params.max_splits;
+    var m = -3.0e38;
+    for (var s = 0u; s < splits; s++) {
+        m = max(m, partial[(base + s) * (hd + 2u) + hd]);
+    }
+    var l = 0.0;
+    for (var s = 0u; s < splits; s++) {
+        let i = (base + s) * (hd + 2u) + hd;
+        l += exp(partial[i] - m) * partial[i + 1u];
+    }
+    let dst = (t * params.num_heads + h) * hd;
+    for (var d = lid; d < hd; d += 64u) {
+        var o = 0.0;
+        for (var s = 0u; s < splits; s++) {
+            let i = (base + s) * (hd + 2u);
+            o += exp(partial[i + hd] - m) * partial[i + d];
+        }
+        out[dst + d] = o / l;
+    }
+}

@@ -1,0 +1,197 @@
+// The linear family's shared body: bindings, Params and the two entry points. A format file
+// declares w_a / w_b and `fn load_w8(row, c8) -> W8` (8 dequantised weights), then includes this.
+//
+// matvec (few tokens, decode): workgroup of WG threads computes R consecutive rows for every
+//   token; threads stride over the 8-wide column chunks, a subgroup (or shared) reduction sums.
+//   Grid: n = ceil(rows / R) workgroups folded as (min(n, 32768), ceil(n / 32768)).
+// matmul (prefill): 64x64 output tiles (64 tokens x 64 rows), 256 threads of 4x4 each, K in steps
+//   of 32 through workgroup memory. Grid: (ceil(rows / 64), ceil(tokens / 64)).
+// y[t, row_offset + r] = sum_c xn[t, c] W[r, c] (+ bias[row_offset + r]) (+ residual[t, row_offset + r]),
+// xn = x, or x / sqrt(mean(x^2) + eps) * norm_weight when flags bit 2 is set.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    tokens: u32,
+    flags: u32,
+    row_offset: u32,
+    y_stride: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+struct W8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> residual: array<f32>;
+@group(0) @binding(6) var<storage, read> norm_weight: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y: array<f32>;
+
+override WG: u32 = 64u;
+override R: u32 = 4u;
+const R_MAX: u32 = 8u;
+
+var<workgroup> red: array<f32, (R_MAX + 1u) * WG>;
+
+fn finish(t: u32, r: u32, acc: f32, ss: f32) {
+    var v = acc;
+    if ((params.flags & 4u) != 0u) {
+        v = v * inverseSqrt(ss / f32(params.cols) + params.eps);
+    }
+    let col = params.row_offset + r;
+    if ((params.flags & 1u) != 0u) {
+        v = v + bias[col];
+    }
+    let i = t * params.y_stride + col;
+    if ((params.flags & 2u) != 0u) {
+        v = v + residual[i];
+    }
+    y[i] = v;
+}
+
+// 8 values of x (normalised by norm_weight, not yet by the rms) and their sum of squares.
+fn load_x8(t: u32, c8: u32, ss: ptr<function, f32>) -> W8 {
+    let base = t * params.cols;
+    let c = c8 * 8u;
+    var v: array<f32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = select(0.0, x[base + c + i], c + i < params.cols);
+    }
+    var a = vec4<f32>(v[0], v[1], v[2], v[3]);
+    var b = vec4<f32>(v[4], v[5], v[6], v[7]);
+    if ((params.flags & 4u) != 0u) {
+        *ss += dot(a, a) + dot(b, b);
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = select(0.0, norm_weight[c + i], c + i < params.cols);
+        }
+        a = a * vec4<f32>(v[0], v[1], v[2], v[3]);
+        b = b * vec4<f32>(v[4], v[5], v[6], v[7]);
+    }
+    return W8(a, b);
+}
+
+@compute @workgroup_size(WG)
+fn matvec(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+// #if subgroup
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+// #endif
+) {
+    let row0 = (wid.x + wid.y * nwg.x) * R;
+    if (row0 >= params.rows) {
+        return;
+    }
+    let chunks = (params.cols + 7u) / 8u;
+    for (var t = 0u; t < params.tokens; t++) {
+        var acc: array<f32, R_MAX>;
+        for (var r = 0u; r < R_MAX; r++) { acc[r] = 0.0; }  // explicit: lavapipe keeps the last token's sums
+        var ss = 0.0;
+        for (var c8 = lid; c8 < chunks; c8 += WG) {
+            let xv = load_x8(t, c8, &ss);
+            for (var r = 0u; r < R; r++) {
+                let w = load_w8(min(row0 + r, params.rows - 1u), c8);
+                acc[r] += dot(w.a, xv.a) + dot(w.b, xv.b);
+            }
+        }
+// #if subgroup
+        let parts = sg_count;
+        for (var r = 0u; r < R; r++) {
+            let s = subgroupAdd(acc[r]);
+            if (sg_lane == 0u) { red[r * WG + sg_id] = s; }
+        }
+        let s = subgroupAdd(ss);
+        if (sg_lane == 0u) { red[R * WG + sg_id] = s; }
+// #else
+        let parts = WG;
+        for (var r = 0u; r < R; r++) {
+            red[r * WG + lid] = acc[r];
+        }
+        red[R * WG + lid] = ss;
+// #endif
+        workgroupBarrier();
+        if (lid < R && row0 + lid < params.rows) {
+            var total = 0.0;
+            var total_ss = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                total += red[lid * WG + i];
+                total_ss += red[R * WG + i];
+            }
+            finish(t, row0 + lid, total, total_ss);
+        }
+        workgroupBarrier();
+    }
+}
+
+const BM: u32 = 64u;  // tokens per tile
+const BN: u32 = 64u;  // rows per tile
+const BK: u32 = 32u;  // columns per step
+
+var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;  // [k][token / 4]: 4 tokens per vector
+var<workgroup> ws: array<vec4<f32>, BK * BN / 4u>;  // [k][row / 4]
+var<workgroup> ss_part: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * BN;
+    let m0 = wid.y * BM;
+    let tx = lid % 16u;  // this thread's 4 rows: n0 + 4 tx ..
+    let ty = lid / 16u;  // this thread's 4 tokens: m0 + 4 ty ..
+    // Loader roles: token/row lid / 4, columns (lid % 4) * 8 .. + 8 of each K step.
+    let load_i = lid / 4u;
+    let load_c = (lid % 4u) * 8u;
+    let load_t = m0 + load_i;
+    let load_r = min(n0 + load_i, params.rows - 1u);
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) { acc[i] = vec4<f32>(0.0); }
+    var ss = 0.0;
+    for (var k0 = 0u; k0 < params.cols; k0 += BK) {
+        var xv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+        if (load_t < params.tokens && k0 + load_c < params.cols) {
+            xv = load_x8(load_t, (k0 + load_c) / 8u, &ss);
+        }
+        var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+        if (k0 + load_c < params.cols) {
+            wv = load_w8(load_r, (k0 + load_c) / 8u);
+        }
+        let slot = load_i / 4u;
+        let lane = load_i % 4u;
+        for (var i = 0u; i < 4u; i++) {
+            xs[(load_c + i) * (BM / 4u) + slot][lane] = xv.a[i];
+            xs[(load_c + 4u + i) * (BM / 4u) + slot][lane] = xv.b[i];
+            ws[(load_c + i) * (BN / 4u) + slot][lane] = wv.a[i];
+            ws[(load_c + 4u + i) * (BN / 4u) + slot][lane] = wv.b[i];
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < BK; k++) {
+            let xa = xs[k * (BM / 4u) + ty];
+            let wr = ws[k * (BN / 4u) + tx];
+            acc[0] += xa.x * wr;
+            acc[1] += xa.y * wr;
+            acc[2] += xa.z * wr;
+            acc[3] += xa.w * wr;
+        }
+        workgroupBarrier();
+    }
+    ss_part[lid] = ss;
+    workgroupBarrier();
+    for (var i = 0u; i < 4u; i++) {
+        let lt = ty * 4u + i;
+        let t = m0 + lt;
+        let tss = ss_part[lt * 4u] + ss_part[lt * 4u + 1u] + ss_part[lt * 4u + 2u] + ss_part[lt * 4u + 3u];
+        for (var j = 0u; j < 4u; j++) {
+            let r = n0 + tx * 4u + j;
+            if (t < params.tokens && r < params.rows) {
+                finish(t, r, acc[i][j], tss);
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+// top_k: the k largest values of each row and their indices, descending (lowest index first on
+// ties), by repeated selection in two passes; only tokens * k pairs are read back.
+// Bindings: params, x [tokens, cols], partial [tokens, chunks, k] candidates, out [tokens, k].
+// Pairs are (value bits, index); an exhausted chunk yields (NEG_BIG, NO_INDEX).
+// chunks: grid (chunks, tokens): each workgroup selects the k best of its ITEMS WG values.
+// main:   grid (1, tokens): selects the k best of the row's chunks * k candidates.
+
+struct Params {
+    cols: u32,
+    tokens: u32,
+    chunks: u32,
+    k: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> partial: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec2<u32>>;
+
+override WG: u32 = 256u;
+const ITEMS: u32 = 8u;
+
+// #include reduce.wgsl
+
+@compute @workgroup_size(WG)
+fn chunks(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+// #if subgroup
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+// #endif
+) {
+// #if subgroup
+    let sg = vec3<u32>(sg_id, sg_count, sg_lane);
+// #else
+    let sg = vec3<u32>(0u);
+// #endif
+    let t = wid.y;
+    var vals: array<f32, ITEMS>;
+    var live = 0u;  // bit i: item i not yet taken
+    for (var i = 0u; i < ITEMS; i++) {
+        let c = (wid.x * ITEMS + i) * WG + lid;
+        if (c < params.cols) {
+            vals[i] = x[t * params.cols + c];
+            live |= 1u << i;
+        }
+    }
+    for (var n = 0u; n < params.k; n++) {
+        var bv = NEG_BIG;
+        var bi = NO_INDEX;
+        for (var i = 0u; i < ITEMS; i++) {
+            let c = (wid.x * ITEMS + i) * WG + lid;
+            if ((live & (1u << i)) != 0u && beats(vals[i], c, bv, bi)) { bv = vals[i]; bi = c; }
+        }
+        let best = workgroup_argmax(bv, bi, lid, sg);
+        if (best.y != NO_INDEX && best.y % WG == lid) {
+            live &= ~(1u << ((best.y / WG) % ITEMS));
+        }
+        if (lid == 0u) {
+            partial[(t * params.chunks + wid.x) * params.k + n] = best;
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+// #if subgroup
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+// #endif
+) {
+// #if subgroup
+    let sg = vec3<u32>(sg_id, sg_count, sg_lane);
+// #else
+    let sg = vec3<u32>(0u);
+// #endif
+    let t = wid.y;
+    let n_cand = params.chunks * params.k;
+    let base = t * n_cand;
+    for (var n = 0u; n < params.k; n++) {
+        var bv = NEG_BIG;
+        var bi = NO_INDEX;
+        var bj = 0u;
+        for (var j = lid; j < n_cand; j += WG) {
+            let p = partial[base + j];
+            if (beats(bitcast<f32>(p.x), p.y, bv, bi)) { bv = bitcast<f32>(p.x); bi = p.y; bj = j; }
+        }
+        let best = workgroup_argmax(bv, bi, lid, sg);
+        if (best.y != NO_INDEX && best.y == bi) {
+            // This thread holds the winner (indices are unique): take it out of the running.
+            partial[base + bj] = vec2<u32>(bitcast<u32>(NEG_BIG), NO_INDEX);
+        }
+        if (lid == 0u) {
+            out[t * params.k + n] = best;
+        }
+    }
+}

@@ -1,0 +1,251 @@
+"""Every WGSL kernel against NumpyOps (the spec) on random shapes, odd sizes included.
+
+f32 weights must match to about 1e-4; f16 weights must match numpy run on the same weights
+rounded to f16 (the only difference is where sums round). Shapes stay small: lavapipe is a CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kjarni.errors import ContextOverflowError, GenerationFailedError, GpuUnavailableError
+from kjarni.numpy_ops import NumpyKVCache, NumpyOps
+
+pytestmark = pytest.mark.gpu
+
+ref = NumpyOps()
+
+
+def rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def upload(ops, array):
+    """An activation holding ``array`` (through the embedding gather of an f32 table)."""
+    from kjarni.gpu import WgpuOps
+
+    f32 = ops if ops.weight_format == "f32" else WgpuOps(ops.context, weight_format="f32")
+    return f32.embed(f32.weight(array, name="activation"), np.arange(array.shape[0]))
+
+
+def f16_round(a):
+    return a.astype(np.float16).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def f16_ops(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    return WgpuOps(wgpu_context, weight_format="f16", kv_format="f16")
+
+
+# ---------------------------------------------------------------- linear family
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("tokens", [1, 3, 70])
+@pytest.mark.parametrize("rows,cols", [(29, 37), (131, 72), (9, 1100), (5, 4100)])
+def test_linear_matches_numpy_with_bias_and_residual(gpu_ops, f16_ops, fmt, tokens, rows, cols):
+    ops = gpu_ops if fmt == "f32" else f16_ops
+    rng = np.random.default_rng(rows * tokens)
+    x, w, b, r = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows)
+    w_ref = w if fmt == "f32" else f16_round(w)
+    gx, gr = upload(ops, x), upload(ops, r)
+    got = ops.read(ops.linear(gx, ops.weight(w, name="w"), ops.weight(b, name="b"), residual=gr))
+    np.testing.assert_allclose(got, ref.linear(x, w_ref, b, r), atol=1e-4, rtol=1e-4)
+    plain = ops.read(ops.linear(gx, ops.weight(w, name="w")))
+    np.testing.assert_allclose(plain, ref.linear(x, w_ref), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("tokens", [1, 66])
+def test_norm_linear_fuses_rms_norm_into_the_product(gpu_ops, f16_ops, fmt, tokens):
+    ops = gpu_ops if fmt == "f32" else f16_ops
+    rng = np.random.default_rng(tokens)
+    x, nw, w, b = rand(rng, tokens, 45), rand(rng, 45), rand(rng, 50, 45), rand(rng, 50)
+    w_ref = w if fmt == "f32" else f16_round(w)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="n"), 1e-5, ops.weight(w, name="w"), ops.weight(b, name="b")))
+    np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w_ref, b), atol=1e-4, rtol=1e-4)
+
+
+def test_fused_weight_parts_are_stacked_along_rows(gpu_ops):
+    rng = np.random.default_rng(1)
+    parts = [rand(rng, 16, 24), rand(rng, 8, 24), rand(rng, 8, 24)]
+    x = rand(rng, 2, 24)
+    got = gpu_ops.read(gpu_ops.linear(upload(gpu_ops, x), gpu_ops.weight(parts, name="qkv")))
+    np.testing.assert_allclose(got, x @ np.concatenate(parts).T, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- elementwise and gathers
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+def test_embed_gathers_rows_in_the_weight_format(gpu_ops, f16_ops, fmt):
+    ops = gpu_ops if fmt == "f32" else f16_ops
+    table = rand(np.random.default_rng(2), 41, 13)
+    ids = np.array([40, 0, 7, 7, 3], dtype=np.int32)
+    got = ops.read(ops.embed(ops.weight(table, name="t"), ids))
+    expected = table[ids] if fmt == "f32" else f16_round(table[ids])
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_rms_norm_silu_mul_and_rows_match_numpy(gpu_ops):
+    rng = np.random.default_rng(3)
+    x, nw = rand(rng, 5, 77), rand(rng, 77)
+    gx = upload(gpu_ops, x)
+    np.testing.assert_allclose(gpu_ops.read(gpu_ops.rms_norm(gx, gpu_ops.weight(nw, name="n"), 1e-6)),
+                               ref.rms_norm(x, nw, 1e-6), atol=1e-5, rtol=1e-5)
+    h = rand(rng, 3, 2 * 39)
+    np.testing.assert_allclose(gpu_ops.read(gpu_ops.silu_mul(upload(gpu_ops, h))), ref.silu_mul(h), atol=1e-6, rtol=1e-5)
+    np.testing.assert_array_equal(gpu_ops.read(gpu_ops.rows(gx, 2, 3)), x[2:5])
+    np.testing.assert_array_equal(gpu_ops.read(gpu_ops.rows(gx, 0, 1)), x[:1])
+
+
+# ---------------------------------------------------------------- rope_store + attention
+
+
+def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0):
+    """Run rope_store + attention for token counts ``steps`` on GPU and numpy; yield both outputs."""
+    from kjarni.model import rope_table
+
+    class Cfg:  # the fields rope_table reads
+        pass
+
+    cfg = Cfg()
+    cfg.head_dim, cfg.rope_theta, cfg.rope_scaling = head_dim, 10000.0, None
+    rope = rope_table(cfg, capacity)
+    rng = np.random.default_rng(seed)
+    gpu_cache = ops.new_kv_cache(2, kv_heads, head_dim, capacity)
+    cpu_cache = NumpyKVCache(2, kv_heads, head_dim, capacity)
+    g_rope = ops.weight(rope, name="rope")
+    start = 0
+    for tokens in steps:
+        qkv = rand(rng, tokens, (heads + 2 * kv_heads) * head_dim)
+        q = ops.rope_store(upload(ops, qkv), g_rope, gpu_cache, 1, start)
+        out = ops.read(ops.attention(q, gpu_cache, 1, start))
+        q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
+        if kv_format == "f16":  # the GPU stores the cache in f16: give numpy the same values
+            cpu_cache.keys[:] = f16_round(cpu_cache.keys)
+            cpu_cache.values[:] = f16_round(cpu_cache.values)
+        yield ops.read(q), q_ref, out, ref.attention(q_ref, cpu_cache, 1, start)
+        start += tokens
+
+
+@pytest.mark.parametrize("kv_format", ["f32", "f16"])
+def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_context, kv_format):
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    # 37-token prefill (tiled kernel), single-token decode, 3-token verify (split kernel), then
+    # a long jump over several 64-position splits.
+    for q, q_ref, out, out_ref in _attention_case(ops, kv_format, [37, 1, 3, 70, 1]):
+        np.testing.assert_allclose(q, q_ref, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_rope_store_refuses_positions_past_the_cache(gpu_ops):
+    cache = gpu_ops.new_kv_cache(1, 1, 8, 4)
+    rope = gpu_ops.weight(np.zeros((16, 8), np.float32), name="rope")
+    qkv = upload(gpu_ops, np.zeros((3, 24), np.float32))
+    with pytest.raises(ContextOverflowError):
+        gpu_ops.rope_store(qkv, rope, cache, 0, 2)
+
+
+def test_kv_cache_offset_trim_and_nbytes(gpu_ops, f16_ops):
+    cache = gpu_ops.new_kv_cache(3, 2, 16, 10)
+    assert cache.nbytes == 2 * 3 * 2 * 10 * 16 * 4
+    assert f16_ops.new_kv_cache(3, 2, 16, 10).nbytes == cache.nbytes // 2
+    cache.offset = 7
+    assert cache.trim(3) == 4 and cache.trim(10) == 0 and cache.offset == 0
+
+
+# ---------------------------------------------------------------- argmax / top_k
+
+
+def test_argmax_and_top_k_on_the_gpu_break_ties_by_lowest_index(gpu_ops):
+    rng = np.random.default_rng(5)
+    logits = rand(rng, 3, 5003)
+    logits[0, [17, 4000, 4999]] = 9.0  # a three-way tie across chunks
+    logits[2, :] = 1.0  # all equal
+    g = upload(gpu_ops, logits)
+    np.testing.assert_array_equal(gpu_ops.argmax(g), ref.argmax(logits))
+    for k in (1, 5, 40):
+        values, ids = gpu_ops.top_k(g, k)
+        ref_values, ref_ids = ref.top_k(logits[:2], k)
+        np.testing.assert_array_equal(ids[:2], ref_ids)
+        np.testing.assert_array_equal(values[:2], ref_values)
+        # numpy's argpartition picks any of a tie larger than k; the GPU keeps the lowest indices
+        np.testing.assert_array_equal(ids[2], np.arange(k))
+    values, ids = gpu_ops.top_k(upload(gpu_ops, logits[:1, :9]), 20)  # k larger than the row
+    np.testing.assert_array_equal(ids, ref.top_k(logits[:1, :9], 20)[1])
+
+
+# ---------------------------------------------------------------- variants and limits
+
+
+def test_shared_memory_variants_match_where_subgroups_are_not_used():
+    from kjarni.gpu import WgpuContext, WgpuOps
+
+    try:
+        ops = WgpuOps(WgpuContext(use_subgroups=False), weight_format="f32")
+    except GpuUnavailableError as exc:
+        pytest.skip(str(exc))
+    rng = np.random.default_rng(6)
+    x, w, nw = rand(rng, 1, 45), rand(rng, 30, 45), rand(rng, 45)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="n"), 1e-5, ops.weight(w, name="w")))
+    np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w), atol=1e-4, rtol=1e-4)
+    logits = rand(rng, 2, 3000)
+    g = upload(ops, logits)
+    np.testing.assert_array_equal(ops.argmax(g), ref.argmax(logits))
+    np.testing.assert_array_equal(ops.top_k(g, 4)[1], ref.top_k(logits, 4)[1])
+    for _, _, out, out_ref in _attention_case(ops, "f32", [5, 1]):
+        np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_weights_larger_than_the_binding_limit_are_split_into_row_chunks():
+    from kjarni.gpu import WgpuContext, WgpuOps
+
+    try:
+        ops = WgpuOps(WgpuContext(max_binding_size=4096), weight_format="f32")
+    except GpuUnavailableError as exc:
+        pytest.skip(str(exc))
+    rng = np.random.default_rng(7)
+    w, b = rand(rng, 100, 30), rand(rng, 100)  # rows padded to 32 floats: 32 rows per 4 KiB binding
+    weight = ops.weight(w, name="big")
+    assert len(weight.segments) == 4
+    for tokens in (1, 9):
+        x = rand(rng, tokens, 30)
+        got = ops.read(ops.linear(upload(ops, x), weight, ops.weight(b, name="b")))
+        np.testing.assert_allclose(got, ref.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    ids = np.array([99, 0, 31, 32, 64, 70])
+    np.testing.assert_array_equal(ops.read(ops.embed(weight, ids)), w[ids])
+
+
+def test_no_matching_adapter_raises_gpu_unavailable_naming_what_was_found(wgpu_context):
+    from kjarni.gpu import WgpuContext
+
+    with pytest.raises(GpuUnavailableError, match="found: .*llvmpipe|found: "):
+        WgpuContext(adapter_name="no-such-gpu-anywhere")
+
+
+def test_a_shader_that_fails_to_compile_names_the_kernel(wgpu_context):
+    with pytest.raises(GenerationFailedError, match="broken_kernel"):
+        wgpu_context.pipeline("broken_kernel", ("uniform",), source="fn main( {")
+
+
+# ---------------------------------------------------------------- Params layouts
+
+
+def test_params_layouts_match_the_wgsl_structs():
+    from kjarni.gpu import kernels
+    from kjarni.gpu.params import KERNEL_PARAMS, LINEAR, STEP, STEP_KERNELS
+
+    stems = dict(KERNEL_PARAMS)
+    for path in __import__("pathlib").Path(kernels.__file__).resolve().parents[2].joinpath("shaders").glob("*_q*.wgsl"):
+        stems.setdefault(path.stem, LINEAR)  # quantized linear/embed kernels share the linear Params
+    for stem, layout in stems.items():
+        fields = kernels.struct_fields(kernels.source(stem, frozenset({"subgroup"})))
+        assert fields == list(layout.fields), f"{stem}.wgsl struct Params differs from params.{layout.name}"
+        if stem in STEP_KERNELS:
+            assert kernels.struct_fields(kernels.source(stem), "Step") == list(STEP.fields), stem

@@ -1,0 +1,165 @@
+"""Tiny random Llama and Qwen2 models on the GPU against the numpy reference.
+
+With f32 weights the GPU must give the same logits (1e-3) and the same greedy tokens; prefill
+in one forward must equal feeding the tokens one by one; a decode step must be one submit of a
+small, fixed number of dispatches that allocates nothing once warm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kjarni.config import ModelConfig
+from kjarni.model import DecoderModel
+from kjarni.numpy_ops import NumpyOps
+from kjarni.weights import QuantTensor, load_weights
+from tests.tiny_models import quant_config, random_state_dict, save_gguf_model, save_safetensors_model, tiny_config
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 77, 14]
+
+
+def _pair(tmp_path, ops, model_type="llama", seed=11, **overrides):
+    """(numpy model, GPU model) on the same tiny random weights."""
+    config = tiny_config(model_type, **overrides)
+    save_safetensors_model(tmp_path, config, random_state_dict(config, seed=seed))
+    cfg = ModelConfig.from_json(tmp_path / "config.json")
+    weights = load_weights(tmp_path)
+    return DecoderModel(cfg, weights, NumpyOps()), DecoderModel(cfg, weights, ops)
+
+
+def _greedy(model, prompt, steps, capacity=64):
+    cache = model.new_cache(capacity)
+    token = int(model.ops.argmax(model.forward(prompt, cache))[0])
+    tokens = [token]
+    for _ in range(steps - 1):
+        token = int(model.ops.argmax(model.forward([token], cache))[0])
+        tokens.append(token)
+    return tokens
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_gpu_logits_match_numpy_with_f32_weights(tmp_path, gpu_ops, model_type):
+    cpu, gpu = _pair(tmp_path, gpu_ops, model_type)
+    cpu_cache, gpu_cache = cpu.new_cache(64), gpu.new_cache(64)
+    expected = cpu.ops.read(cpu.forward(PROMPT, cpu_cache, logits="all"))
+    got = gpu.ops.read(gpu.forward(PROMPT, gpu_cache, logits="all"))
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+    for token in (7, 50, 96):  # decode steps use the matvec and split-attention kernels
+        expected = cpu.ops.read(cpu.forward([token], cpu_cache))
+        got = gpu.ops.read(gpu.forward([token], gpu_cache))
+        np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_greedy_tokens_are_identical_for_32_steps(tmp_path, gpu_ops, model_type):
+    cpu, gpu = _pair(tmp_path, gpu_ops, model_type, seed=5)
+    assert _greedy(gpu, PROMPT, 32) == _greedy(cpu, PROMPT, 32)
+
+
+def test_prefill_at_once_equals_step_by_step_on_the_gpu(tmp_path, gpu_ops):
+    _, gpu = _pair(tmp_path, gpu_ops, "qwen2")
+    at_once = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
+    cache = gpu.new_cache(32)
+    one_by_one = np.concatenate([gpu.ops.read(gpu.forward([t], cache)) for t in PROMPT])
+    np.testing.assert_allclose(one_by_one, at_once, atol=1e-4, rtol=1e-4)
+
+
+def test_forwards_recorded_without_a_read_in_between_stay_correct(tmp_path, gpu_ops):
+    # The second forward rewrites the per-step uniform and ids; the first must still see its own.
+    cpu, gpu = _pair(tmp_path, gpu_ops, "llama")
+    cpu_cache, gpu_cache = cpu.new_cache(32), gpu.new_cache(32)
+    first = gpu.forward(PROMPT, gpu_cache)
+    second = gpu.forward([3], gpu_cache)
+    np.testing.assert_allclose(gpu.ops.read(first), cpu.ops.read(cpu.forward(PROMPT, cpu_cache)), atol=1e-3)
+    np.testing.assert_allclose(gpu.ops.read(second), cpu.ops.read(cpu.forward([3], cpu_cache)), atol=1e-3)
+
+
+def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp_path, gpu_ops):
+    _, gpu = _pair(tmp_path, gpu_ops, "qwen2", num_hidden_layers=3)
+    stats = gpu_ops.stats
+    cache = gpu.new_cache(64)
+    token = int(gpu_ops.argmax(gpu.forward(PROMPT, cache))[0])
+    for _ in range(3):  # warm up: pipelines, pooled buffers, bind groups
+        token = int(gpu_ops.argmax(gpu.forward([token], cache))[0])
+    before = (stats.submits, stats.pooled_buffers, stats.bind_groups, stats.pipelines, len(gpu_ops.context._uniforms))
+    for _ in range(5):
+        token = int(gpu_ops.argmax(gpu.forward([token], cache))[0])
+    after = (stats.submits, stats.pooled_buffers, stats.bind_groups, stats.pipelines, len(gpu_ops.context._uniforms))
+    assert after[0] - before[0] == 5, "one submit per decode step"
+    assert after[1:] == before[1:], "a warm decode step creates no buffers, bind groups, pipelines or uniforms"
+    # embed + 8 per layer (norm+qkv, rope_store, attention x2, o_proj, norm+gate_up, silu_mul, down)
+    # + final norm with LM head + argmax x2
+    assert stats.last_dispatches == 1 + 8 * 3 + 1 + 2
+
+
+def test_f16_weights_and_kv_cache_stay_close_to_numpy(tmp_path, wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    cpu, gpu = _pair(tmp_path, WgpuOps(wgpu_context), "qwen2")  # the defaults: f16 weights, f16 KV
+    expected = cpu.ops.read(cpu.forward(PROMPT, cpu.new_cache(32), logits="all"))
+    got = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
+    assert np.abs(got - expected).max() < 0.05 * np.abs(expected).max()
+    assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.9
+
+
+def test_tied_embeddings_split_across_bindings(tmp_path):
+    from kjarni.errors import GpuUnavailableError
+    from kjarni.gpu import WgpuContext, WgpuOps
+
+    try:
+        ops = WgpuOps(WgpuContext(max_binding_size=8192), weight_format="f32")
+    except GpuUnavailableError as exc:
+        pytest.skip(str(exc))
+    cpu, gpu = _pair(tmp_path, ops, "llama", tie_word_embeddings=True)
+    assert len(gpu.embed_tokens.segments) > 1 and gpu.lm_head is gpu.embed_tokens
+    expected = cpu.ops.read(cpu.forward(PROMPT, cpu.new_cache(32), logits="all"))
+    got = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+
+
+def test_two_models_share_one_context(tmp_path, wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    cpu_a, gpu_a = _pair(tmp_path / "a", WgpuOps(wgpu_context, weight_format="f32"), "llama", seed=1)
+    cpu_b, gpu_b = _pair(tmp_path / "b", WgpuOps(wgpu_context, weight_format="f32"), "qwen2", seed=2)
+    caches = {m: m.new_cache(32) for m in (cpu_a, gpu_a, cpu_b, gpu_b)}
+    for tokens in (PROMPT, [4], [9]):
+        out = {m: m.ops.read(m.forward(tokens, caches[m])) for m in (gpu_a, gpu_b, cpu_a, cpu_b)}
+        np.testing.assert_allclose(out[gpu_a], out[cpu_a], atol=1e-3)
+        np.testing.assert_allclose(out[gpu_b], out[cpu_b], atol=1e-3)
+
+
+def test_q8_0_gguf_weights_stay_quantized_and_match_numpy(tmp_path, gpu_ops):
+    config = quant_config("llama")
+    path = save_gguf_model(tmp_path / "m.gguf", config, random_state_dict(config, seed=3), quant="Q8_0")
+    weights = load_weights(path)
+    cfg = ModelConfig.from_dict(config)
+    cpu, gpu = DecoderModel(cfg, weights, NumpyOps()), DecoderModel(cfg, weights, gpu_ops)
+    assert gpu.blocks[0].qkv.formats == ["Q8_0"]
+    expected = cpu.ops.read(cpu.forward(PROMPT, cpu.new_cache(32), logits="all"))
+    got = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+
+
+def test_quant_types_without_a_kernel_are_converted_at_load_with_a_notice(wgpu_context, capsys):
+    import gguf
+
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32")
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (4, 84), dtype=np.uint8)  # one Q2_K block of 256 per row
+    data[:, 80:84] = np.full((4, 2), 0.01, np.float16).view(np.uint8)  # sane d and dmin
+    qt = QuantTensor(gguf.GGMLQuantizationType.Q2_K, (4, 256), data)
+    weight = ops.weight(qt, name="w")
+    assert weight.formats == ["f32"]
+    assert "Q2_K" in capsys.readouterr().err
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    from tests.test_gpu_kernels import upload
+
+    np.testing.assert_allclose(ops.read(ops.linear(upload(ops, x), weight)), x @ qt.dequantize().T, atol=1e-4, rtol=1e-4)

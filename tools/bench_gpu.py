@@ -1,0 +1,279 @@
+"""Benchmark the GPU backend on random weights shaped like real models. Prints JSON.
+
+Weights are generated with numpy (no files): f16, and GGUF quantized blocks (Q8_0, Q4_K) with
+random quants and sane scales. For each shape and format it measures prefill tok/s for a
+``--context``-token prompt, decode tok/s at that context (greedy argmax on the GPU, one submit per
+token), GPU memory of the weights, dispatches per decode step and, where the adapter has
+timestamp queries, GPU time per kernel for one decode step. With torch + CUDA importable it also
+times Hugging Face transformers (eager, f16, random weights) on the same shapes.
+
+    python tools/bench_gpu.py                      # Qwen2.5-0.5B shape, f16 + Q8_0 + Q4_K
+    python tools/bench_gpu.py --model all          # + SmolLM2-135M and Qwen2.5-1.5B shapes
+    python tools/bench_gpu.py --small              # a quick check on a CPU adapter (lavapipe)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, head_dim=64, vocab_size=151936,
+                         tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192),
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, head_dim=128, vocab_size=151936,
+                         tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768),
+    "small": dict(model_type="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4096,
+                  tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=1024),
+}
+
+
+class RandomWeights:
+    """A `Weights` stand-in: HF-named tensors made on demand (seeded by name), in one storage format."""
+
+    def __init__(self, config: dict, fmt: str) -> None:
+        self.config, self.fmt = config, fmt
+        c = config
+        hidden, inter, heads, kv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+        hd = c["head_dim"]
+        shapes = {"model.embed_tokens.weight": (c["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+        for i in range(c["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (heads * hd, hidden), p + "self_attn.k_proj.weight": (kv * hd, hidden),
+                p + "self_attn.v_proj.weight": (kv * hd, hidden), p + "self_attn.o_proj.weight": (hidden, heads * hd),
+                p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            })
+            if c["model_type"] == "qwen2":
+                shapes.update({p + "self_attn.q_proj.bias": (heads * hd,), p + "self_attn.k_proj.bias": (kv * hd,),
+                               p + "self_attn.v_proj.bias": (kv * hd,)})
+        self.shapes = shapes
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.shapes
+
+    def raw(self, name: str):
+        shape = self.shapes[name]
+        rng = np.random.default_rng(abs(hash(name)) % (1 << 32))
+        if len(shape) == 1:
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            return (base + rng.standard_normal(shape) * 0.02).astype(np.float32)
+        if self.fmt == "f16":
+            return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16).astype(np.float32)
+        return random_quant(self.fmt, shape, rng)
+
+
+def random_quant(fmt: str, shape: tuple[int, int], rng):
+    """Random GGUF blocks of type ``fmt`` with small f16 scales (a valid tensor of that type)."""
+    import gguf
+
+    from kjarni.weights import QuantTensor
+
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    rows, cols = shape
+    if cols % gguf.GGML_QUANT_SIZES[qtype][0]:
+        # as llama.cpp does for K-quants of rows not a multiple of 256 (most of Qwen2.5-0.5B)
+        qtype = gguf.GGMLQuantizationType.Q5_0
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    nb = cols // block
+    data = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
+    blocks = data.reshape(rows, nb, size)
+    scale_fields = {"Q8_0": (0, 1), "Q4_0": (0, 1), "Q5_0": (0, 1), "Q4_K": (0, 2), "Q6_K": (208, 1)}[qtype.name]
+    first, count = scale_fields
+    d = np.full((rows, nb, count), 0.001, np.float16)
+    blocks[:, :, first : first + 2 * count] = d.view(np.uint8).reshape(rows, nb, 2 * count)
+    return QuantTensor(qtype, shape, data)
+
+
+def build(shape: str, fmt: str, ops):
+    from kjarni.config import ModelConfig
+    from kjarni.model import DecoderModel
+
+    config = dict(SHAPES[shape])
+    config.setdefault("rms_norm_eps", 1e-6)
+    return DecoderModel(ModelConfig.from_dict(config), RandomWeights(config, fmt), ops)
+
+
+def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(ctx, weight_format="f16")
+    t0 = time.perf_counter()
+    model = build(shape, fmt, ops)
+    load_s = time.perf_counter() - t0
+    prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
+    capacity = context + 3 * steps + 8
+
+    # Warm-up: compile every pipeline used by prefill and decode.
+    cache = model.new_cache(capacity)
+    token = int(ops.argmax(model.forward(prompt, cache))[0])
+    for _ in range(3):
+        token = int(ops.argmax(model.forward([token], cache))[0])
+
+    cache.offset = 0
+    t0 = time.perf_counter()
+    token = int(ops.argmax(model.forward(prompt, cache))[0])
+    prefill_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = int(ops.argmax(model.forward([token], cache))[0])
+    decode_s = time.perf_counter() - t0
+    dispatches = ops.stats.last_dispatches
+
+    # The same decode, submitting every 48 dispatches: the GPU runs early layers while Python
+    # records the later ones (more submits, less idle time on fast GPUs).
+    ctx.submit_every = 48
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = int(ops.argmax(model.forward([token], cache))[0])
+    overlapped_s = time.perf_counter() - t0
+    ctx.submit_every = None
+
+    # CPU cost of recording one step (no submit): what a faster GPU cannot hide.
+    t0 = time.perf_counter()
+    logits = model.forward([token], cache)
+    record_s = time.perf_counter() - t0
+    int(ops.argmax(logits)[0])
+
+    result = {
+        "shape": shape, "format": fmt, "context": context,
+        "prefill_tok_s": round(context / prefill_s, 1),
+        "decode_tok_s": round(steps / decode_s, 1),
+        "decode_ms": round(1000 * decode_s / steps, 3),
+        "decode_tok_s_submit_every_48": round(steps / overlapped_s, 1),
+        "record_ms_per_step": round(1000 * record_s, 3),
+        "dispatches_per_step": dispatches,
+        "weight_mb": round(ops.weight_bytes / 2**20, 1),
+        "weight_formats": sorted({f for w in _matrices(model) for f in w.formats}),
+        "kv_cache_mb": round(cache.nbytes / 2**20, 1),
+        "load_s": round(load_s, 2),
+    }
+    if ctx.has_timestamps:
+        try:
+            ctx.profile(True)
+            int(ops.argmax(model.forward([token], cache))[0])
+            times = defaultdict(float)
+            counts = defaultdict(int)
+            for name, seconds in ctx.stats.kernel_times:
+                times[name] += seconds
+                counts[name] += 1
+            ctx.profile(False)
+            result["gpu_us_per_step"] = round(1e6 * sum(times.values()), 1)
+            result["kernels_us"] = {k: {"us": round(1e6 * v, 1), "n": counts[k]}
+                                    for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
+        except Exception as exc:  # timestamps are optional
+            ctx._profile = None
+            result["kernels_us"] = f"unavailable: {exc}"
+    del model, cache
+    return result
+
+
+def _matrices(model):
+    for block in model.blocks:
+        yield from (block.qkv, block.o_proj, block.gate_up, block.down_proj)
+    yield model.lm_head
+
+
+def bench_torch(shape: str, context: int, steps: int) -> dict | None:
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    c = SHAPES[shape]
+    kwargs = dict(vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+                  num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
+                  num_key_value_heads=c["num_key_value_heads"], max_position_embeddings=c["max_position_embeddings"],
+                  rope_theta=c["rope_theta"], tie_word_embeddings=c["tie_word_embeddings"], torch_dtype="float16")
+    if c["model_type"] == "qwen2":
+        config, cls = transformers.Qwen2Config(**kwargs), transformers.Qwen2ForCausalLM
+    else:
+        config, cls = transformers.LlamaConfig(head_dim=c["head_dim"], **kwargs), transformers.LlamaForCausalLM
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = cls(config).to(device="cuda", dtype=torch.float16).eval()
+    prompt = (torch.arange(context, device="cuda") * 7919) % c["vocab_size"]
+
+    def run() -> tuple[float, float]:
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(prompt[None], use_cache=True)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            prefill = time.perf_counter() - t0
+            past = out.past_key_values
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = model(token, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                token.item()
+            torch.cuda.synchronize()
+            return prefill, time.perf_counter() - t0
+
+    run()
+    prefill_s, decode_s = run()
+    return {"shape": shape, "backend": "transformers-eager-f16-cuda", "context": context,
+            "prefill_tok_s": round(context / prefill_s, 1), "decode_tok_s": round(steps / decode_s, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {sorted(SHAPES)} or 'all'")
+    parser.add_argument("--formats", default="f16,q8_0,q4_k", help="comma-separated: f16, q8_0, q4_k")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--adapter", default=None, help="substring of the adapter name")
+    parser.add_argument("--small", action="store_true", help="a tiny shape, short context (CPU adapters)")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args()
+    if args.small:
+        args.model, args.context, args.steps = "small", 64, 8
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        import tempfile
+
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
+    from kjarni.gpu import WgpuContext
+
+    ctx = WgpuContext(args.adapter)
+    shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
+    report = {"adapter": ctx.description, "features": sorted(ctx.features), "results": []}
+    for shape in shapes:
+        for fmt in args.formats.split(","):
+            try:
+                report["results"].append(bench_gpu(shape, fmt.strip(), args.context, args.steps, ctx))
+            except Exception as exc:
+                report["results"].append({"shape": shape, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
+            print(json.dumps(report["results"][-1]), file=sys.stderr, flush=True)
+        if not args.no_torch:
+            try:
+                torch_result = bench_torch(shape, args.context, args.steps)
+            except Exception as exc:
+                torch_result = {"shape": shape, "backend": "transformers", "error": f"{type(exc).__name__}: {exc}"}
+            if torch_result:
+                report["results"].append(torch_result)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
