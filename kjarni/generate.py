@@ -2,10 +2,13 @@
 
     prefill / decode_one_token   one forward each (the whole prompt; one token)
     generate_step                endless (token_id, logprob) pairs: every token is fed back
+    speculative_step             the same pairs from draft-and-verify rounds (speculative.py)
     stream_generate              TokenEvents: detokenizer, stop rules, stats (the ONE place
-                                 where generation ends: eos, max_tokens, context, stop strings)
+                                 where generation ends: eos, max_tokens, context, stop strings),
+                                 over whichever of the two token sources the call asks for
 
-A KV cache is allocated once per generation unless the caller passes one (the prefix cache).
+A KV cache is allocated once per generation unless the caller passes one or a ``PrefixCache``
+lends its own (prefix_cache.py).
 Where the sampler allows (greedy or top-k without a penalty) the loop asks the backend for
 ``argmax`` or ``top_k`` candidates instead of reading the whole vocabulary.
 """
@@ -21,7 +24,9 @@ import numpy as np
 from kjarni.detokenizer import StopStrings, StreamingDetokenizer
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
 from kjarni.ops import Activation, KVCache
+from kjarni.prefix_cache import PrefixCache
 from kjarni.sampling import Sampler, make_sampler, validate_sampling
+from kjarni.speculative import DEFAULT_DRAFT_TOKENS, speculative_step, validate_draft_tokens
 
 MAX_CANDIDATES = 1024
 """Beyond this many top-k candidates the loop reads the whole vocabulary instead (no gain left)."""
@@ -87,7 +92,13 @@ class GenerationStats:
 
     ``prefill_seconds`` covers the prompt forward and the first token; ``decode_seconds`` every
     later token; ``tokens_per_second`` is decode speed (tokens after the first / decode_seconds).
-    Time the consumer spends between tokens is not counted.
+    Time the consumer spends between tokens is not counted. ``cached_prompt_tokens`` is how much
+    of the prompt a passed cache (or the prefix cache) already held.
+
+    With a draft model: ``rounds`` verify passes of the target, ``draft_tokens_proposed`` and
+    ``draft_tokens_accepted`` over all of them, ``acceptance_rate`` = accepted / proposed and
+    ``tokens_per_round`` = tokens the rounds produced (accepted drafts plus one each) / rounds.
+    The first token comes from the prefill and is in no round. All five stay 0 without a draft.
     """
 
     prompt_tokens: int = 0
@@ -97,6 +108,20 @@ class GenerationStats:
     tokens_per_second: float = 0.0
     finish_reason: str | None = None
     cached_prompt_tokens: int = 0
+    rounds: int = 0
+    draft_tokens_proposed: int = 0
+    draft_tokens_accepted: int = 0
+    acceptance_rate: float = 0.0
+    tokens_per_round: float = 0.0
+
+    def count_round(self, proposed: int, accepted: int) -> None:
+        """Add one speculative round: ``proposed`` draft tokens, ``accepted`` of them kept."""
+        self.rounds += 1
+        self.draft_tokens_proposed += proposed
+        self.draft_tokens_accepted += accepted
+        if self.draft_tokens_proposed:
+            self.acceptance_rate = self.draft_tokens_accepted / self.draft_tokens_proposed
+        self.tokens_per_round = (self.draft_tokens_accepted + self.rounds) / self.rounds
 
 
 # ---------------------------------------------------------------- forward phases
@@ -173,6 +198,12 @@ def stream_generate(
     params: GenerationParams,
     kv_cache: KVCache | None = None,
     stats: GenerationStats | None = None,
+    *,
+    prefix_cache: PrefixCache | None = None,
+    draft=None,
+    num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    draft_cache: KVCache | None = None,
+    draft_prefix_cache: PrefixCache | None = None,
 ) -> Iterator[TokenEvent]:
     """Generate from ``prompt_ids`` (already encoded, BOS included) and yield a ``TokenEvent`` per token.
 
@@ -180,17 +211,47 @@ def stream_generate(
     (``"stop"``), ``max_tokens`` (``"length"``), prompt plus output filling the context or the cache
     (``"context"``). Text held back (half a character, a possible stop-string start) is flushed
     into the last event. The cache is allocated here with capacity
-    ``min(context, prompt + max_tokens)`` unless ``kv_cache`` is given. Closing the generator early
-    releases everything it holds. ``stats``, if given, is filled in as tokens arrive.
+    ``min(context, prompt + max_tokens)`` unless ``kv_cache`` is given (its first ``offset``
+    positions are taken to hold the prompt's first tokens) or ``prefix_cache`` lends one: then only
+    the part of the prompt the prefix cache does not hold is prefilled, and what this generation
+    fed is remembered for the next call when it ends (however it ends). A prompt plus
+    ``max_tokens`` too long for the prefix cache is generated in a fresh cache instead, leaving the
+    prefix cache as it was. Closing the generator early releases everything it holds. ``stats``,
+    if given, is filled in as tokens arrive.
 
-    Raises ``InvalidConfigurationError`` for an empty prompt or ids outside the vocabulary and
-    ``ContextOverflowError`` (naming both lengths) when the prompt leaves no room to generate;
-    these are raised by the call itself, before any token (the cache is allocated then too).
+    ``draft`` (a model sharing the vocabulary, on any backend) turns on speculative decoding with
+    ``num_draft_tokens`` proposals per round; the events, stop rules and, for greedy, the tokens are
+    the same as without it. ``draft_cache`` / ``draft_prefix_cache`` play the roles of ``kv_cache``
+    / ``prefix_cache`` for the draft model. Check tokenizers once at setup with
+    ``speculative.check_draft_compatible``.
+
+    Raises ``InvalidConfigurationError`` for an empty prompt, ids outside the vocabulary or
+    contradictory arguments, and ``ContextOverflowError`` (naming both lengths) when the prompt
+    leaves no room to generate; these are raised by the call itself, before any token (the caches
+    are allocated then too).
     """
     prompt = [int(t) for t in prompt_ids]
+    if kv_cache is not None and prefix_cache is not None:
+        raise InvalidConfigurationError("pass kv_cache or prefix_cache, not both: the prefix cache lends its own")
+    if draft is None and (draft_cache is not None or draft_prefix_cache is not None):
+        raise InvalidConfigurationError("draft_cache / draft_prefix_cache need a draft model (draft=...)")
     _check_prompt(model, prompt, kv_cache)
+    if draft is not None:
+        num_draft_tokens = validate_draft_tokens(num_draft_tokens)
+        _check_draft(model, draft, prompt, draft_cache, draft_prefix_cache)
+    if prefix_cache is not None:
+        kv_cache = prefix_cache.take(prompt, params.max_tokens)
+        if kv_cache is None:
+            prefix_cache = None  # too long for it: a fresh cache, the prefix cache left untouched
     if kv_cache is None:
         kv_cache = model.new_cache(min(model.context_size, len(prompt) + params.max_tokens))
+    if draft is not None:
+        if draft_prefix_cache is not None:
+            draft_cache = draft_prefix_cache.take(prompt, params.max_tokens)
+            if draft_cache is None:
+                draft_prefix_cache = None
+        if draft_cache is None:
+            draft_cache = draft.new_cache(min(draft.context_size, kv_cache.capacity))
     if stats is None:
         stats = GenerationStats()
     else:  # a reused stats object starts from zero
@@ -198,22 +259,40 @@ def stream_generate(
             setattr(stats, f.name, f.default)
     stats.prompt_tokens = len(prompt)
     stats.cached_prompt_tokens = min(kv_cache.offset, len(prompt) - 1)
-    return _events(model, tokenizer, prompt, params, kv_cache, stats)
+
+    rng = np.random.default_rng(params.seed)
+    if draft is None:
+        steps = generate_step(model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs)
+    else:
+        steps = speculative_step(
+            model, draft, prompt, params.sampler(), rng, kv_cache, draft_cache,
+            num_draft_tokens=num_draft_tokens, max_tokens=params.max_tokens, logprobs=params.logprobs,
+            on_round=stats.count_round,
+        )
+    caches = [(c, kv) for c, kv in ((prefix_cache, kv_cache), (draft_prefix_cache, draft_cache)) if c is not None]
+    return _events(model, tokenizer, prompt, params, kv_cache, stats, steps, caches)
 
 
 def _events(
-    model, tokenizer, prompt: list[int], params: GenerationParams, kv_cache: KVCache, stats: GenerationStats
+    model,
+    tokenizer,
+    prompt: list[int],
+    params: GenerationParams,
+    kv_cache: KVCache,
+    stats: GenerationStats,
+    steps: Iterator[tuple[int, float | None]],
+    prefix_caches: list,
 ) -> Iterator[TokenEvent]:
     limit = min(model.context_size, kv_cache.capacity)  # prompt + output may not exceed this
-    rng = np.random.default_rng(params.seed)
     detokenizer = StreamingDetokenizer(tokenizer)
     stops = StopStrings(params.stop)
-    steps = generate_step(model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs)
+    generated_ids: list[int] = []
     try:
         while True:
             started = time.perf_counter()
             token, logprob = next(steps)
             _count(stats, time.perf_counter() - started)
+            generated_ids.append(token)
             generated = stats.generated_tokens
 
             if token in params.eos_token_ids:
@@ -235,6 +314,8 @@ def _events(
                 return
     finally:
         steps.close()
+        for prefix_cache, _ in prefix_caches:
+            prefix_cache.remember(prompt + generated_ids)
 
 
 def _count(stats: GenerationStats, elapsed: float) -> None:
@@ -264,6 +345,24 @@ def _check_prompt(model, prompt: list[int], kv_cache: KVCache | None) -> None:
         raise ContextOverflowError(
             f"the prompt of {len(prompt)} tokens leaves no room to generate in the model's {where} of "
             f"{context} tokens; shorten the prompt (nothing is truncated)",
+            tokens=len(prompt),
+            context=context,
+        )
+
+
+def _check_draft(model, draft, prompt: list[int], draft_cache, draft_prefix_cache) -> None:
+    if draft_cache is not None and draft_prefix_cache is not None:
+        raise InvalidConfigurationError("pass draft_cache or draft_prefix_cache, not both")
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise InvalidConfigurationError(
+            f"the draft model has {draft.config.vocab_size} logits per token but the target has "
+            f"{model.config.vocab_size}; a draft must share the target's vocabulary"
+        )
+    context = draft.context_size if draft_cache is None else min(draft.context_size, draft_cache.capacity)
+    if len(prompt) >= context:
+        raise ContextOverflowError(
+            f"the prompt of {len(prompt)} tokens does not fit in the draft model's context of {context} tokens; "
+            "shorten the prompt or generate without a draft",
             tokens=len(prompt),
             context=context,
         )
