@@ -69,7 +69,10 @@ class NumpyOps:
         bias: np.ndarray | None = None,
         residual: np.ndarray | None = None,
     ) -> np.ndarray:
-        y = x @ weight.T
+        # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
+        # streams the weight once like a matrix-vector product instead of repacking it first,
+        # 2-3x faster at 2-8 rows and no slower for one row or a long prompt.
+        y = np.ascontiguousarray((weight @ x.T).T)
         if bias is not None:
             y += bias
         if residual is not None:
