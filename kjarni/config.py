@@ -15,7 +15,32 @@ import numpy as np
 
 from kjarni.errors import InvalidModelError, LoadFailedError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# config.json `model_type`s with a forward: the SwiGLU/RoPE family (model.py), then GPT-2 (gpt2.py).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
+# GGUF `general.architecture`s whose tensor names and metadata weights.py and from_gguf translate.
+GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
+
+# rope_scaling types the RoPE tables implement (model.rope_table); "su" is Phi-3's old name of longrope.
+# "freq_factors" is llama.cpp's form of llama3 scaling in GGUF files: a `rope_freqs` tensor of
+# per-frequency divisors, already computed by the converter.
+ROPE_SCALING_TYPES = ("linear", "llama3", "longrope", "freq_factors")
+_ROPE_REQUIRED = {
+    "freq_factors": ("factors",),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+}
+
+# hidden_act values per family: SwiGLU MLPs gate with silu; GPT-2 uses the tanh GELU (ops.gelu).
+_ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")}
+_SWIGLU_ACTIVATIONS = ("silu", "swish")
+
+# GPT-2's config.json names -> the names ModelConfig uses for the same thing.
+_GPT2_KEYS = {
+    "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
+    "activation_function": "hidden_act",
+}
 
 # Encoders and encoder-decoders people are likely to point us at; anything whose `architectures`
 # do not end in ForCausalLM is refused the same way.
@@ -60,7 +85,15 @@ class ModelConfig:
     `head_dim` defaults to ``hidden_size // num_attention_heads``; `num_key_value_groups` (query heads
     per KV head) is derived. `eos_token_id` is always a tuple of ints (possibly empty).
     `attention_bias` is True for qwen2 (q/k/v biases); `sliding_window` is None unless the model
-    really uses one.
+    really uses one, and then applies to layers ``max_window_layers ..`` (Qwen2; 0 for every other
+    family: all layers), see `layer_window`.
+
+    `rope_scaling` is normalized: None for plain RoPE, else a dict with ``rope_type`` one of
+    ``ROPE_SCALING_TYPES`` and that type's keys (``original_max_position_embeddings`` included for
+    llama3 and longrope, taken from the top level of the config as Phi-3 stores it).
+    `partial_rotary_factor` < 1 rotates only the first ``rotary_dim`` dims of each head (Phi-4-mini).
+    GPT-2's config names are translated (``n_embd`` -> `hidden_size`, ...); `layer_norm_epsilon`
+    is its LayerNorm epsilon.
     """
 
     model_type: str
@@ -81,6 +114,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     hidden_act: str = "silu"
+    partial_rotary_factor: float = 1.0
+    max_window_layers: int = 0
+    layer_norm_epsilon: float = 1e-5
     source: str = dataclasses.field(default="<dict>", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +131,17 @@ class ModelConfig:
     def num_key_value_groups(self) -> int:
         """Query heads sharing one K/V head (1 for plain multi-head attention)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates (``head_dim`` unless a partial rotary factor says less)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding attention window of ``layer`` (None: the layer attends to every earlier position)."""
+        if self.sliding_window is None or layer < self.max_window_layers:
+            return None
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -119,18 +166,52 @@ class ModelConfig:
                 f"{src}: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads}); the config is inconsistent"
             )
-        if self.head_dim % 2:
-            raise LoadFailedError(f"{src}: head_dim {self.head_dim} is odd; rotary embeddings need an even head_dim")
+        if self.model_type != "gpt2" and (self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1):
+            raise LoadFailedError(
+                f"{src}: head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} gives "
+                f"{self.rotary_dim} rotary dims; rotary embeddings need an even number between 2 and head_dim"
+            )
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise LoadFailedError(f"{src}: sliding_window must be a positive integer or null, got {self.sliding_window!r}")
+        self._validate_rope_scaling()
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise LoadFailedError(
                 f"{src}: rms_norm_eps ({self.rms_norm_eps}) and rope_theta ({self.rope_theta}) must be positive"
             )
         self.rms_norm_eps = float(self.rms_norm_eps)
         self.rope_theta = float(self.rope_theta)
-        if self.hidden_act not in ("silu", "swish"):
+        allowed = _ACTIVATIONS.get(self.model_type, _SWIGLU_ACTIVATIONS)
+        if self.hidden_act not in allowed:
             raise InvalidModelError(
-                f"{src}: hidden_act {self.hidden_act!r} is not supported (kjarni runs SwiGLU MLPs with silu)"
+                f"{src}: hidden_act {self.hidden_act!r} is not supported for {self.model_type} "
+                f"(kjarni runs {', '.join(allowed)})"
             )
+
+    def _validate_rope_scaling(self) -> None:
+        src, scaling = self.source, self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, dict):
+            raise LoadFailedError(f"{src}: rope_scaling must be an object or null, got {scaling!r}")
+        kind = scaling.get("rope_type")
+        if kind not in ROPE_SCALING_TYPES:
+            raise InvalidModelError(
+                f"{src}: rope_scaling type {kind!r} is not supported; supported: default, "
+                f"{', '.join(ROPE_SCALING_TYPES)}"
+            )
+        missing = [k for k in _ROPE_REQUIRED[kind] if scaling.get(k) is None]
+        if missing:
+            raise LoadFailedError(f"{src}: rope_scaling of type {kind} lacks {', '.join(missing)}; the config is incomplete")
+        if kind in ("longrope", "freq_factors"):
+            for key in ("short_factor", "long_factor") if kind == "longrope" else ("factors",):
+                factors = scaling[key]
+                if not isinstance(factors, (list, tuple)) or len(factors) != self.rotary_dim // 2:
+                    raise LoadFailedError(
+                        f"{src}: rope_scaling.{key} must list rotary_dim / 2 = {self.rotary_dim // 2} numbers, "
+                        f"got {factors!r:.80}"
+                    )
+        elif kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+            raise LoadFailedError(f"{src}: rope_scaling high_freq_factor must exceed low_freq_factor, got {scaling!r}")
 
     # ------------------------------------------------------------------ config.json
 
@@ -141,7 +222,8 @@ class ModelConfig:
             raise LoadFailedError(f"{source}: expected a JSON object, got {type(d).__name__}")
         model_type = str(d.get("model_type") or "")
         architectures = [str(a) for a in (d.get("architectures") or [])]
-        is_decoder = all(a.endswith("ForCausalLM") for a in architectures) and model_type not in _NOT_DECODERS
+        # GPT-2's head class is GPT2LMHeadModel, everyone else's *ForCausalLM.
+        is_decoder = all(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures) and model_type not in _NOT_DECODERS
         if not is_decoder or d.get("is_encoder_decoder"):
             what = model_type or ", ".join(architectures) or "unknown"
             raise InvalidModelError(
@@ -153,6 +235,8 @@ class ModelConfig:
                 f"{source}: architecture {model_type or '(no model_type)'!s} is not supported; "
                 f"supported: {_supported_list()}"
             )
+        if model_type == "gpt2":
+            d = _gpt2_names(d, source)
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
         missing = [k for k in required if d.get(k) is None]
         if missing:
@@ -161,11 +245,16 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"source"}
         kwargs = {k: v for k, v in d.items() if k in names and v is not None}
         if model_type == "qwen2":
-            # Qwen2 is llama plus q/k/v biases; its config has no attention_bias key.
+            # Qwen2 is llama plus q/k/v biases; its config has no attention_bias key. Its window, when
+            # enabled, applies from layer max_window_layers on (transformers' layer_types).
             kwargs["attention_bias"] = True
             kwargs["sliding_window"] = d.get("sliding_window") if d.get("use_sliding_window") else None
-        elif model_type == "llama":
+            kwargs["max_window_layers"] = int(d.get("max_window_layers") or 0) if kwargs["sliding_window"] else 0
+        elif model_type in ("llama", "gpt2"):
             kwargs["sliding_window"] = None
+        if model_type != "qwen2":
+            kwargs.pop("max_window_layers", None)
+        kwargs.update(_rope_settings(d, source))
         kwargs["attention_bias"] = bool(kwargs.get("attention_bias", False))
         kwargs["tie_word_embeddings"] = bool(kwargs.get("tie_word_embeddings", False))
         if "hidden_act" not in kwargs and d.get("hidden_activation"):
@@ -177,7 +266,7 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
-        """Read a config.json file."""
+        """Read a config.json file (hub style, or transformers 5's with ``rope_parameters``)."""
         return cls.from_dict(_read_json(path), source=str(path))
 
     # ------------------------------------------------------------------ GGUF metadata
@@ -222,6 +311,9 @@ class ModelConfig:
             original = meta.get(f"{arch}.rope.scaling.original_context_length")
             if original is not None:
                 rope_scaling["original_max_position_embeddings"] = int(original)
+        rope_scaling = _gguf_rope_tensors(reader, meta, arch) or rope_scaling
+        rope_dims = meta.get(f"{arch}.rope.dimension_count")
+        head_dim = meta.get(f"{arch}.attention.key_length") or hidden // heads
 
         eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon")
         theta = meta.get(f"{arch}.rope.freq_base")
@@ -243,14 +335,104 @@ class ModelConfig:
             "sliding_window": meta.get(f"{arch}.attention.sliding_window") if arch != "llama" else None,
             "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-            "hidden_act": "silu",
+            "hidden_act": "gelu_new" if arch == "gpt2" else "silu",
+            "partial_rotary_factor": rope_dims / head_dim if rope_dims and arch != "gpt2" else None,
         }
+        if arch == "gpt2":
+            ln_eps = meta.get("gpt2.attention.layer_norm_epsilon")
+            d["layer_norm_epsilon"] = _f32_round(ln_eps) if ln_eps is not None else 1e-5
         kwargs = {k: v for k, v in d.items() if v is not None}
         for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "max_position_embeddings", "bos_token_id", "sliding_window"):
             if k in kwargs:
                 kwargs[k] = int(kwargs[k])
         return cls(**kwargs, source=source)
+
+
+def _gguf_rope_tensors(reader: Any, meta: _GgufMeta, arch: str) -> dict[str, Any] | None:
+    """RoPE scaling that llama.cpp's converters store as tensors rather than metadata.
+
+    Llama 3.x: ``rope_freqs.weight`` holds the per-frequency divisors of llama3 scaling. Phi-3:
+    ``rope_factors_long/short.weight`` hold LongRoPE's factors, with the original context and the
+    attention factor in metadata.
+    """
+    tensors = {t.name: t for t in reader.tensors}
+
+    def values(name: str) -> list[float]:
+        return [float(v) for v in np.asarray(tensors[name].data, dtype=np.float32).reshape(-1)]
+
+    if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
+        scaling: dict[str, Any] = {
+            "rope_type": "longrope",
+            "long_factor": values("rope_factors_long.weight"),
+            "short_factor": values("rope_factors_short.weight"),
+            "original_max_position_embeddings": meta.get(f"{arch}.rope.scaling.original_context_length"),
+        }
+        attn_factor = meta.get(f"{arch}.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            scaling["attention_factor"] = float(attn_factor)
+        return scaling
+    if "rope_freqs.weight" in tensors:
+        return {"rope_type": "freq_factors", "factors": values("rope_freqs.weight")}
+    return None
+
+
+def _gpt2_names(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """A GPT-2 config.json under the names ModelConfig uses (n_embd -> hidden_size, ...)."""
+    if d.get("scale_attn_by_inverse_layer_idx") or d.get("scale_attn_weights") is False:
+        raise InvalidModelError(
+            f"{source}: GPT-2 attention scaling variants (scale_attn_by_inverse_layer_idx, scale_attn_weights=false) "
+            "are not supported; kjarni runs GPT-2 attention scaled by 1/sqrt(head_dim)"
+        )
+    out = {k: v for k, v in d.items() if k not in _GPT2_KEYS}
+    for old, new in _GPT2_KEYS.items():
+        if d.get(old) is not None:
+            out[new] = d[old]
+    if out.get("intermediate_size") is None and isinstance(out.get("hidden_size"), int):
+        out["intermediate_size"] = 4 * out["hidden_size"]  # n_inner: null means 4 x n_embd
+    out.setdefault("tie_word_embeddings", True)  # GPT2Config's default; hub configs omit the key
+    out.setdefault("hidden_act", "gelu_new")
+    return out
+
+
+def _rope_settings(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """rope_theta, partial_rotary_factor and a normalized rope_scaling from a config.json dict.
+
+    Reads hub-style configs (``rope_theta``, ``rope_scaling`` with ``type`` or ``rope_type``, Phi-3's
+    top-level ``original_max_position_embeddings``) and transformers 5's ``rope_parameters``.
+    """
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
+        raise InvalidModelError(f"{source}: per-layer-type rope_parameters are not supported")
+    scaling = dict(params) if isinstance(params, dict) else d.get("rope_scaling")
+    out: dict[str, Any] = {}
+    theta = (scaling or {}).get("rope_theta") if isinstance(scaling, dict) else None
+    theta = theta if theta is not None else d.get("rope_theta")
+    if theta is not None:
+        out["rope_theta"] = theta
+    partial = (scaling or {}).get("partial_rotary_factor") if isinstance(scaling, dict) else None
+    partial = partial if partial is not None else d.get("partial_rotary_factor")
+    if partial is not None:
+        out["partial_rotary_factor"] = float(partial)
+    if scaling is None:
+        out["rope_scaling"] = None
+        return out
+    if not isinstance(scaling, dict):
+        raise LoadFailedError(f"{source}: rope_scaling must be an object or null, got {scaling!r}")
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "default")
+    kind = {"su": "longrope"}.get(kind, kind)
+    scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor", "type")}
+    if kind == "default":
+        out["rope_scaling"] = None
+        return out
+    scaling["rope_type"] = kind
+    if kind in ("llama3", "longrope"):
+        # Phi-3 keeps the pretraining context at the top level, and it wins there (as in transformers).
+        if d.get("original_max_position_embeddings") is not None:
+            scaling["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+    out["rope_scaling"] = scaling
+    return out
 
 
 @dataclasses.dataclass

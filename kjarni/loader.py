@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kjarni.config import GenerationDefaults, ModelConfig
-from kjarni.errors import LoadFailedError
+from kjarni.config import SUPPORTED_MODEL_TYPES, GenerationDefaults, ModelConfig
+from kjarni.errors import InvalidModelError, LoadFailedError
+from kjarni.gpt2 import GPT2Model
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.ops import Ops
@@ -28,7 +29,25 @@ class LoadedModel:
     tokenizer: Tokenizer
     generation_defaults: GenerationDefaults
     weights: Weights
-    model: DecoderModel
+    model: DecoderModel | GPT2Model
+
+
+# config.model_type -> the forward that runs it.
+FORWARDS: dict[str, type] = {
+    "llama": DecoderModel, "mistral": DecoderModel, "qwen2": DecoderModel, "phi3": DecoderModel,
+    "gpt2": GPT2Model,
+}
+
+
+def build_model(config: ModelConfig, weights: Weights, ops: Ops) -> DecoderModel | GPT2Model:
+    """The forward for ``config.model_type`` with ``weights`` uploaded to ``ops``."""
+    forward = FORWARDS.get(config.model_type)
+    if forward is None:
+        raise InvalidModelError(
+            f"{config.source}: architecture {config.model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return forward(config, weights, ops)
 
 
 def find_model_file(path: Path, prefer: str = "safetensors") -> Path:
@@ -72,5 +91,5 @@ def load_model(path: str | Path, *, ops: Ops | None = None, prefer: str = "safet
         generation_config = source / "generation_config.json"
         defaults = GenerationDefaults.from_json(generation_config) if generation_config.exists() else GenerationDefaults()
     check_shapes(weights, config)
-    model = DecoderModel(config, weights, ops)
+    model = build_model(config, weights, ops)
     return LoadedModel(source, config, tokenizer, defaults, weights, model)

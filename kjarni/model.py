@@ -1,12 +1,15 @@
-"""The decoder forward pass (Llama, Qwen2, Mistral), written once against the `Ops` contract.
+"""The decoder forward pass (Llama, Qwen2, Mistral, Phi-3), written once against the `Ops` contract.
 
-Qwen2 is Llama with q/k/v biases; Mistral is Llama (its sliding window only matters past
-``sliding_window`` positions, see ``DecoderModel.__init__``). Weights are uploaded once, with
-q/k/v fused into one matrix and gate/up into another, so a block is six backend calls.
+Qwen2 is Llama with q/k/v biases; Mistral is Llama with a sliding attention window; Phi-3 is Llama
+whose checkpoints store q/k/v and gate/up already fused (``qkv_proj``, ``gate_up_proj``), with
+LongRoPE scaling and possibly partial rotary. Weights are uploaded once, with q/k/v fused into one
+matrix and gate/up into another, so a block is six backend calls. RoPE frequency scaling (linear,
+llama3, longrope) is applied once, when the tables are built. GPT-2 has its own forward (gpt2.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +19,7 @@ from kjarni.errors import ContextOverflowError, InvalidConfigurationError, Inval
 from kjarni.ops import Activation, KVCache, Ops, Weight
 from kjarni.weights import Weights
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3")
 
 
 @dataclass
@@ -30,19 +33,38 @@ class _Block:
     down_proj: Weight
 
 
-def rope_table(config: ModelConfig, positions: int) -> np.ndarray:
-    """``[positions, head_dim]``: cos in the first half of each row, sin in the second.
+def rope_table(config: ModelConfig, positions: int, *, long_context: bool = False) -> np.ndarray:
+    """``[positions, rotary_dim]``: cos in the first half of each row, sin in the second.
 
-    Computed in float32 exactly as Hugging Face's rotary embedding does, with Llama 3
-    frequency scaling when the config asks for it.
+    Computed in float32 exactly as Hugging Face's rotary embedding does, with the frequency scaling
+    the config asks for (linear, llama3, longrope). LongRoPE has two tables: short factors for
+    sequences within ``original_max_position_embeddings``, long ones past it (``long_context``),
+    both multiplied by its attention factor.
     """
-    dim = config.head_dim
-    inv_freq = np.float32(1.0) / (
-        np.float32(config.rope_theta) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))
-    )
-    inv_freq = _scale_frequencies(inv_freq.astype(np.float32), config)
+    dim = int(config.head_dim * getattr(config, "partial_rotary_factor", 1.0))
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    base = (np.float32(config.rope_theta) ** exponents).astype(np.float32)
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    attention_factor = np.float32(1.0)
+    if kind == "longrope":
+        factors = scaling["long_factor"] if long_context else scaling["short_factor"]
+        inv_freq = np.float32(1.0) / (np.asarray(factors, dtype=np.float32) * base)
+        attention_factor = np.float32(_longrope_attention_factor(config))
+    else:
+        inv_freq = _scale_frequencies(np.float32(1.0) / base, config)
     angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.concatenate((np.cos(angles), np.sin(angles)), axis=1).astype(np.float32)
+    return (np.concatenate((np.cos(angles), np.sin(angles)), axis=1) * attention_factor).astype(np.float32)
+
+
+def _longrope_attention_factor(config: ModelConfig) -> float:
+    """LongRoPE's cos/sin multiplier: given, or ``sqrt(1 + ln(factor) / ln(original))`` (transformers)."""
+    scaling = config.rope_scaling
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or config.max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def _scale_frequencies(inv_freq: np.ndarray, config: ModelConfig) -> np.ndarray:
@@ -52,6 +74,8 @@ def _scale_frequencies(inv_freq: np.ndarray, config: ModelConfig) -> np.ndarray:
         return inv_freq
     if kind == "linear":
         return (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
+    if kind == "freq_factors":  # llama.cpp's rope_freqs tensor (GGUF): llama3 scaling, precomputed
+        return (inv_freq / np.asarray(scaling["factors"], dtype=np.float32)).astype(np.float32)
     if kind == "llama3":
         factor = float(scaling["factor"])
         low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
@@ -63,8 +87,20 @@ def _scale_frequencies(inv_freq: np.ndarray, config: ModelConfig) -> np.ndarray:
         medium = (wavelen >= original / high) & (wavelen <= original / low)
         return np.where(medium, smoothed, scaled).astype(np.float32)
     raise InvalidModelError(
-        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)"
+        f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3, longrope, freq_factors)"
     )
+
+
+def check_fits(tokens: int, start: int, kv_cache: KVCache) -> None:
+    """Refuse an empty forward or one that would write past the cache (shared by every forward)."""
+    if tokens == 0:
+        raise InvalidConfigurationError("forward needs at least one token")
+    if start + tokens > kv_cache.capacity:
+        raise ContextOverflowError(
+            f"{start + tokens} tokens do not fit in the context of {kv_cache.capacity}",
+            tokens=start + tokens,
+            context=kv_cache.capacity,
+        )
 
 
 class DecoderModel:
@@ -82,10 +118,16 @@ class DecoderModel:
         self.config = config
         self.ops = ops
         self.context_size = config.max_position_embeddings
-        if config.sliding_window is not None and config.sliding_window < self.context_size:
-            # Windowed attention is not implemented yet: cap the context where it stays exact.
-            self.context_size = config.sliding_window
-        self.rope = ops.weight(rope_table(config, self.context_size), name="rope")
+        self.windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+        scaling = config.rope_scaling or {}
+        # LongRoPE switches tables on the length of the sequence so far, as transformers does: short
+        # factors while it fits the original context (only that many rows needed), long ones past it.
+        self.short_context = 0
+        self.rope_short = None
+        if scaling.get("rope_type") == "longrope":
+            self.short_context = min(int(scaling["original_max_position_embeddings"]), self.context_size)
+            self.rope_short = ops.weight(rope_table(config, self.short_context), name="rope.short")
+        self.rope = ops.weight(rope_table(config, self.context_size, long_context=True), name="rope")
         self.embed_tokens = ops.weight(weights.raw("model.embed_tokens.weight"), name="model.embed_tokens.weight")
         if config.tie_word_embeddings or "lm_head.weight" not in weights:
             self.lm_head = self.embed_tokens
@@ -97,9 +139,13 @@ class DecoderModel:
     def _upload_block(self, weights: Weights, i: int) -> _Block:
         ops, p = self.ops, f"model.layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        qkv_names = [attn + f"{n}_proj.weight" for n in "qkv"]
-        bias_names = [attn + f"{n}_proj.bias" for n in "qkv"]
+        # Phi-3 checkpoints store the fusions themselves; the others are fused here.
+        fused = attn + "qkv_proj.weight" in weights
+        qkv_names = [attn + "qkv_proj.weight"] if fused else [attn + f"{n}_proj.weight" for n in "qkv"]
+        bias_names = [attn + "qkv_proj.bias"] if fused else [attn + f"{n}_proj.bias" for n in "qkv"]
         has_bias = all(name in weights for name in bias_names)
+        gate_up_names = [mlp + "gate_up_proj.weight"] if mlp + "gate_up_proj.weight" in weights else [
+            mlp + "gate_proj.weight", mlp + "up_proj.weight"]
         return _Block(
             input_norm=ops.weight(weights.raw(p + "input_layernorm.weight"), name=p + "input_layernorm.weight"),
             qkv=ops.weight([weights.raw(n) for n in qkv_names], name=attn + "qkv_proj.weight"),
@@ -108,10 +154,7 @@ class DecoderModel:
             post_norm=ops.weight(
                 weights.raw(p + "post_attention_layernorm.weight"), name=p + "post_attention_layernorm.weight"
             ),
-            gate_up=ops.weight(
-                [weights.raw(mlp + "gate_proj.weight"), weights.raw(mlp + "up_proj.weight")],
-                name=mlp + "gate_up_proj.weight",
-            ),
+            gate_up=ops.weight([weights.raw(n) for n in gate_up_names], name=mlp + "gate_up_proj.weight"),
             down_proj=ops.weight(weights.raw(mlp + "down_proj.weight"), name=mlp + "down_proj.weight"),
         )
 
@@ -134,19 +177,14 @@ class DecoderModel:
         ops, eps = self.ops, self.config.rms_norm_eps
         ids = np.asarray(token_ids, dtype=np.int32).reshape(-1)
         tokens, start = len(ids), kv_cache.offset
-        if tokens == 0:
-            raise InvalidConfigurationError("forward needs at least one token")
-        if start + tokens > kv_cache.capacity:
-            raise ContextOverflowError(
-                f"{start + tokens} tokens do not fit in the context of {kv_cache.capacity}",
-                tokens=start + tokens,
-                context=kv_cache.capacity,
-            )
+        check_fits(tokens, start, kv_cache)
+        rope = self.rope_short if start + tokens <= self.short_context else self.rope
         x = ops.embed(self.embed_tokens, ids)
         for i, block in enumerate(self.blocks):
             qkv = ops.norm_linear(x, block.input_norm, eps, block.qkv, block.qkv_bias)
-            q = ops.rope_store(qkv, self.rope, kv_cache, i, start)
-            x = ops.linear(ops.attention(q, kv_cache, i, start), block.o_proj, residual=x)
+            q = ops.rope_store(qkv, rope, kv_cache, i, start)
+            attn = ops.attention(q, kv_cache, i, start, self.windows[i])
+            x = ops.linear(attn, block.o_proj, residual=x)
             gate_up = ops.norm_linear(x, block.post_norm, eps, block.gate_up)
             x = ops.linear(ops.silu_mul(gate_up), block.down_proj, residual=x)
         kv_cache.offset = start + tokens

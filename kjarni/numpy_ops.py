@@ -62,6 +62,11 @@ class NumpyOps:
         variance = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(variance + np.float32(eps)) * weight
 
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+        centered = x - np.mean(x, axis=-1, keepdims=True)
+        variance = np.mean(centered * centered, axis=-1, keepdims=True)
+        return centered / np.sqrt(variance + np.float32(eps)) * weight + bias
+
     def linear(
         self,
         x: np.ndarray,
@@ -89,7 +94,9 @@ class NumpyOps:
     ) -> np.ndarray:
         return self.linear(self.rms_norm(x, norm_weight, eps), weight, bias)
 
-    def rope_store(self, qkv: np.ndarray, rope: np.ndarray, kv_cache: NumpyKVCache, layer: int, start: int) -> np.ndarray:
+    def rope_store(
+        self, qkv: np.ndarray, rope: np.ndarray | None, kv_cache: NumpyKVCache, layer: int, start: int
+    ) -> np.ndarray:
         tokens = qkv.shape[0]
         _, num_kv_heads, capacity, head_dim = kv_cache.keys.shape
         if start + tokens > capacity:
@@ -103,14 +110,18 @@ class NumpyOps:
         q = qkv[:, : num_heads * head_dim].reshape(tokens, num_heads, head_dim)
         k = qkv[:, num_heads * head_dim : num_heads * head_dim + kv_width].reshape(tokens, num_kv_heads, head_dim)
         v = qkv[:, num_heads * head_dim + kv_width :].reshape(tokens, num_kv_heads, head_dim)
-        table = rope[start : start + tokens]
-        half = head_dim // 2
-        cos, sin = table[:, None, :half], table[:, None, half:]
-        kv_cache.keys[layer, :, start : start + tokens] = _rotate(k, cos, sin).transpose(1, 0, 2)
+        if rope is not None:
+            table = rope[start : start + tokens]
+            half = table.shape[1] // 2
+            cos, sin = table[:, None, :half], table[:, None, half:]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        kv_cache.keys[layer, :, start : start + tokens] = k.transpose(1, 0, 2)
         kv_cache.values[layer, :, start : start + tokens] = v.transpose(1, 0, 2)
-        return _rotate(q, cos, sin).reshape(tokens, num_heads * head_dim)
+        return q.reshape(tokens, num_heads * head_dim)
 
-    def attention(self, q: np.ndarray, kv_cache: NumpyKVCache, layer: int, start: int) -> np.ndarray:
+    def attention(
+        self, q: np.ndarray, kv_cache: NumpyKVCache, layer: int, start: int, window: int | None = None
+    ) -> np.ndarray:
         tokens = q.shape[0]
         _, num_kv_heads, _, head_dim = kv_cache.keys.shape
         num_heads = q.shape[1] // head_dim
@@ -121,9 +132,12 @@ class NumpyOps:
         # [kv_heads, groups, tokens, head_dim]: query heads sharing one kv head sit together.
         q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 2, 0, 3)
         scores = (q @ keys[:, None].swapaxes(-1, -2)) * np.float32(1.0 / np.sqrt(head_dim))
-        if tokens > 1:
-            future = np.arange(length)[None, :] > (start + np.arange(tokens))[:, None]
-            scores[..., future] = -np.inf
+        positions = start + np.arange(tokens)[:, None]
+        hidden = np.arange(length)[None, :] > positions  # the future
+        if window is not None:
+            hidden |= np.arange(length)[None, :] <= positions - window  # slid out of the window
+        if hidden.any():
+            scores[..., hidden] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         weights = np.exp(scores)
         weights /= weights.sum(axis=-1, keepdims=True)
@@ -134,6 +148,13 @@ class NumpyOps:
         half = x.shape[1] // 2
         gate, up = x[:, :half], x[:, half:]
         return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        inner = _SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)
+        return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
 
     def rows(self, x: np.ndarray, first: int, count: int) -> np.ndarray:
         return x[first : first + count]
@@ -153,8 +174,11 @@ class NumpyOps:
         return np.take_along_axis(x, ids, axis=-1), ids.astype(np.int64)
 
 
+_SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+
+
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Hugging Face rotate-half RoPE on ``[tokens, heads, head_dim]``."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin), axis=-1)
+    """Hugging Face rotate-half RoPE on ``[tokens, heads, head_dim]``; dims past ``2 * cos.shape[-1]`` pass."""
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return np.concatenate((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), axis=-1)

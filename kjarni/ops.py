@@ -11,6 +11,14 @@ pre-norm decoder block, at the granularity where a GPU wants to fuse them:
     h    = norm_linear(x, post_norm, eps, gate_up_weight)
     x    = linear(silu_mul(h), down_weight, residual=x)
 
+GPT-2 style blocks use the LayerNorm pieces instead (gpt2.py):
+
+    x    = add(embed(wte, ids), embed(wpe, positions))           # learned absolute positions
+    qkv  = linear(layer_norm(x, ln_1_weight, ln_1_bias, eps), c_attn_weight, c_attn_bias)
+    q    = rope_store(qkv, None, kv_cache, layer, start)          # no rotation: k/v stored as they are
+    x    = linear(attention(q, kv_cache, layer, start), c_proj_weight, c_proj_bias, residual=x)
+    x    = linear(gelu(linear(layer_norm(x, ...), c_fc_weight, c_fc_bias)), proj_weight, proj_bias, residual=x)
+
 Activations are opaque handles of shape ``[tokens, features]`` (a numpy array on the CPU, a
 GPU buffer view on the GPU). A backend may record work lazily and run it when a result is read
 (`read`, `argmax`, `top_k`), so callers must only look at results through those three.
@@ -19,16 +27,26 @@ Conventions every backend follows:
 - Weight matrices are ``[out_features, in_features]`` (Hugging Face layout); ``linear`` computes
   ``x @ W.T (+ bias) (+ residual)``.
 - ``rms_norm(x) = x / sqrt(mean(x**2) + eps) * weight``, in float32.
+- ``layer_norm(x) = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over each row, with the
+  biased variance ``var(x) = mean((x - mean(x))**2)`` (torch's LayerNorm), in float32.
+- ``gelu`` is the tanh approximation GPT-2 uses (transformers' ``gelu_new``,
+  ``gelu_pytorch_tanh``): ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``.
 - RoPE is the Hugging Face "rotate half" form. The table passed to ``rope_store`` is
-  ``[positions, head_dim]``: ``cos`` in the first ``head_dim // 2`` columns and ``sin`` in the
-  rest. For the pair ``(x1, x2) = (x[i], x[i + head_dim // 2])`` at position ``p``:
-  ``x1' = x1 cos - x2 sin`` and ``x2' = x2 cos + x1 sin``.
+  ``[positions, rotary_dim]`` with ``rotary_dim <= head_dim`` and even: ``cos`` in the first
+  ``rotary_dim // 2`` columns and ``sin`` in the rest (either may carry a constant factor, e.g.
+  LongRoPE's attention scaling). For the pair ``(x1, x2) = (x[i], x[i + rotary_dim // 2])``,
+  ``i < rotary_dim // 2``, at position ``p``: ``x1' = x1 cos - x2 sin`` and ``x2' = x2 cos + x1 sin``.
+  Dimensions ``rotary_dim ..`` of each head pass through unchanged (partial rotary, Phi-3/Phi-4).
+  Frequency scaling (linear, llama3, longrope) lives in the table, never in a kernel.
 - A ``qkv`` activation holds, per token, ``num_heads * head_dim`` query values, then
   ``num_kv_heads * head_dim`` keys, then as many values; head ``h`` is the slice
   ``[h * head_dim, (h + 1) * head_dim)`` of its part.
-- ``attention``: query row ``t`` sits at absolute position ``start + t`` and attends to cache
-  positions ``0 ..= start + t`` with scale ``1 / sqrt(head_dim)``; query head ``h`` reads kv head
-  ``h // (num_heads // num_kv_heads)``. Softmax in float32.
+- ``attention``: query row ``t`` sits at absolute position ``p = start + t`` and attends to cache
+  positions ``0 ..= p`` with scale ``1 / sqrt(head_dim)``; query head ``h`` reads kv head
+  ``h // (num_heads // num_kv_heads)``. Softmax in float32. With a sliding ``window`` ``w`` it
+  attends to positions ``max(0, p - w + 1) ..= p`` only, i.e. key position ``k`` is seen when
+  ``p - w < k <= p`` (transformers' ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``),
+  so a query sees itself and the ``w - 1`` positions before it.
 """
 
 from __future__ import annotations
@@ -89,6 +107,10 @@ class Ops(Protocol):
 
     def rms_norm(self, x: Activation, weight: Weight, eps: float) -> Activation: ...
 
+    def layer_norm(self, x: Activation, weight: Weight, bias: Weight, eps: float) -> Activation:
+        """LayerNorm of each row: ``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance)."""
+        ...
+
     def linear(
         self, x: Activation, weight: Weight, bias: Weight | None = None, residual: Activation | None = None
     ) -> Activation:
@@ -101,16 +123,36 @@ class Ops(Protocol):
         """``linear(rms_norm(x, norm_weight, eps), weight, bias)``, fused where the backend can."""
         ...
 
-    def rope_store(self, qkv: Activation, rope: Weight, kv_cache: KVCache, layer: int, start: int) -> Activation:
-        """Rotate q and k of ``qkv`` for positions ``start ..``, store k and v in the cache; return q."""
+    def rope_store(
+        self, qkv: Activation, rope: Weight | None, kv_cache: KVCache, layer: int, start: int
+    ) -> Activation:
+        """Rotate q and k of ``qkv`` for positions ``start ..``, store k and v in the cache; return q.
+
+        ``rope`` is a ``[positions, rotary_dim]`` table (see above); ``None`` stores k and v and
+        returns q without any rotation (models with learned absolute positions, GPT-2).
+        """
         ...
 
-    def attention(self, q: Activation, kv_cache: KVCache, layer: int, start: int) -> Activation:
-        """Causal grouped-query attention of ``q`` against cache positions ``0 .. start + tokens``."""
+    def attention(
+        self, q: Activation, kv_cache: KVCache, layer: int, start: int, window: int | None = None
+    ) -> Activation:
+        """Causal grouped-query attention of ``q`` against cache positions ``0 .. start + tokens``.
+
+        ``window`` (a sliding window of ``w`` positions, Mistral/Phi-3): query position ``p`` sees
+        only cache positions ``p - w + 1 ..= p``. ``None``: every earlier position.
+        """
         ...
 
     def silu_mul(self, x: Activation) -> Activation:
         """``silu(x[:, :n]) * x[:, n:]`` for ``x`` of width ``2n`` (fused gate and up)."""
+        ...
+
+    def gelu(self, x: Activation) -> Activation:
+        """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise."""
+        ...
+
+    def add(self, a: Activation, b: Activation) -> Activation:
+        """``a + b``, elementwise, for two activations of the same shape."""
         ...
 
     def rows(self, x: Activation, first: int, count: int) -> Activation:

