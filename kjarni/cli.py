@@ -2,6 +2,7 @@
 
     kjarni generate "Once upon a time" --max-tokens 50 --seed 1
     echo "def fib(n):" | kjarni generate - --preset generator_code_v1
+    kjarni generate "def quicksort(xs):" --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --greedy
     kjarni models
     kjarni pull smollm2-135m-instruct
     kjarni presets
@@ -66,6 +67,12 @@ def _parser() -> _Parser:
     gen.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
     gen.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and stats instead of streaming")
+    gen.add_argument("--draft", metavar="NAME", help="speculative decoding with NAME (registry name or path) as the draft "
+                                                    "model; it must share the model's vocabulary")
+    gen.add_argument("--draft-tokens", type=int, metavar="K", help="tokens the draft proposes per round (default 4)")
+    gen.add_argument("--draft-device", choices=("cpu", "gpu", "auto"), help="where the draft runs (default: the model's device)")
+    gen.add_argument("--prefix-cache", action="store_true", help="allocate the prefix KV cache (reuse across calls; "
+                                                                 "one call gains nothing from it)")
 
     commands.add_parser("models", parents=[common], help="list known models, their sizes and what is cached",
                         description="List the registry's models with sizes and whether each is in the cache.")
@@ -82,11 +89,14 @@ def _parser() -> _Parser:
 
 def _generate(args: argparse.Namespace) -> int:
     from kjarni.generator import GenerationOverrides, GeneratorBuilder
+    from kjarni.speculative import DEFAULT_DRAFT_TOKENS
 
     if args.greedy and args.temperature is not None:
         raise _UsageError("--greedy and --temperature contradict each other; pass one of them")
     if args.model and args.model_path:
         raise _UsageError("--model and --model-path both name a model; pass one of them")
+    if args.draft is None and (args.draft_tokens is not None or args.draft_device is not None):
+        raise _UsageError("--draft-tokens and --draft-device need --draft NAME")
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -116,6 +126,11 @@ def _generate(args: argparse.Namespace) -> int:
         builder.offline()
     if args.quiet:
         builder.quiet()
+    if args.draft:
+        builder.draft(args.draft, DEFAULT_DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens,
+                      device=args.draft_device)
+    if args.prefix_cache:
+        builder.prefix_cache(True)
     generator = builder.generation_config(overrides).build()
 
     stream = generator.stream_text(prompt)
@@ -128,11 +143,13 @@ def _generate(args: argparse.Namespace) -> int:
                 text += piece
                 sys.stdout.write(piece)
                 sys.stdout.flush()
+    stats = generator.last_stats
     if args.json:
-        stats = generator.last_stats
         result = {
             "model": generator.model_name,
             "device": generator.device.value,
+            "draft_model": generator.draft_model_name,
+            "num_draft_tokens": generator.num_draft_tokens,
             "text": text,
             "finish_reason": stream.finish_reason,
             "stats": dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else None,
@@ -142,6 +159,9 @@ def _generate(args: argparse.Namespace) -> int:
     elif not text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
+    if not args.json and not args.quiet and generator.draft_model_name is not None and stats is not None and stats.rounds:
+        print(f"kjarni: draft {generator.draft_model_name}: {stats.acceptance_rate:.0%} of drafted tokens accepted, "
+              f"{stats.tokens_per_round:.2f} tokens per round", file=sys.stderr)
     return EXIT_OK
 
 

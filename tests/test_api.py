@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kjarni.generator as kg
@@ -63,14 +64,28 @@ def write_tiny_tokenizer(folder: Path, *, bos: bool = True) -> None:
 
 
 def make_tiny_model(
-    folder: Path, *, generation_config: dict | None = None, bos: bool = True, model_type: str = "llama", **config_overrides
+    folder: Path,
+    *,
+    generation_config: dict | None = None,
+    bos: bool = True,
+    model_type: str = "llama",
+    weight_noise: float = 0.0,
+    **config_overrides,
 ) -> Path:
-    """A tiny model folder kjarni can load: config, random float32 weights, tokenizer."""
+    """A tiny model folder kjarni can load: config, random float32 weights, tokenizer.
+
+    ``weight_noise`` > 0 adds that much relative noise to the same weights: a draft model that
+    agrees with the noiseless one often, not always (two independent random models never agree).
+    """
     overrides = {"vocab_size": TINY_VOCAB, **config_overrides}
     if not bos:
         overrides["bos_token_id"] = None
     config = tiny_config(model_type, **overrides)
-    save_safetensors_model(folder, config, random_state_dict(config, seed=3), generation_config=generation_config)
+    tensors = random_state_dict(config, seed=3)
+    if weight_noise:
+        rng = np.random.default_rng(1003)
+        tensors = {n: (t + weight_noise * t.std() * rng.standard_normal(t.shape)).astype(np.float32) for n, t in tensors.items()}
+    save_safetensors_model(folder, config, tensors, generation_config=generation_config)
     write_tiny_tokenizer(folder, bos=bos)
     return folder
 
@@ -232,21 +247,154 @@ def test_bad_per_call_overrides_fail_before_generation(tiny: Generator) -> None:
     tiny.generate_with_config("the", GenerationOverrides(max_tokens=1))  # the lock was not left held
 
 
-def test_draft_and_prefix_cache_are_refused_by_build_before_any_work() -> None:
-    # An unknown model proves no lookup happened: the refusal comes first.
-    with pytest.raises(InvalidConfigurationError, match="speculative decoding.*not implemented"):
-        GeneratorBuilder("no-such-model").draft("qwen2.5-coder-0.5b-instruct", 4).build()
-    with pytest.raises(InvalidConfigurationError, match="prefix cache.*not implemented"):
-        GeneratorBuilder("no-such-model").prefix_cache(True).build()
-    with pytest.raises(InvalidConfigurationError, match="prefix cache.*not implemented"):
-        GeneratorBuilder("no-such-model").prefix_cache_tokens(16).build()
-    with pytest.raises(UnknownModelError):
-        GeneratorBuilder("no-such-model").prefix_cache(True).prefix_cache(False).build()
+# ---------------------------------------------------------------- speculative decoding and the prefix cache
+
+GREEDY_30 = GenerationOverrides(temperature=0.0, max_tokens=30)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's weights with 4% noise, same tokenizer: accepted often, not always."""
+    return make_tiny_model(tmp_path_factory.mktemp("draft"), weight_noise=0.04)
+
+
+def greedy_ids(generator: Generator, prompt: str, overrides: GenerationOverrides = GREEDY_30) -> list[int]:
+    return [t.token_id for t in generator.stream_with_config(prompt, overrides)]
+
+
+def test_draft_and_prefix_cache_settings_are_checked_before_any_work() -> None:
     with pytest.raises(InvalidConfigurationError, match="num_tokens"):
         GeneratorBuilder("x").draft("qwen2.5-0.5b", 0)
+    with pytest.raises(InvalidConfigurationError, match="num_tokens"):
+        GeneratorBuilder("x").draft("qwen2.5-0.5b", True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfigurationError, match="draft model name"):
+        GeneratorBuilder("x").draft("", 4)
+    with pytest.raises(InvalidConfigurationError, match="device"):
+        GeneratorBuilder("x").draft("qwen2.5-0.5b", 4, device="tpu")
     with pytest.raises(InvalidConfigurationError, match="prefix_cache_tokens"):
         GeneratorBuilder("x").prefix_cache_tokens(0)
     assert DEFAULT_PREFIX_CACHE_TOKENS == 4096
+
+
+def test_an_unknown_draft_fails_before_the_model_is_loaded(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_loading(*_: object, **__: object) -> None:
+        raise AssertionError("the model was loaded before the draft was resolved")
+
+    monkeypatch.setattr(builder_module.GeneratorBuilder, "_load", no_loading)
+    with pytest.raises(UnknownModelError, match="no-such-draft"):
+        build(tiny_dir).draft("no-such-draft", 4).build()
+
+
+def test_greedy_output_with_a_draft_is_the_models_own_and_stats_are_reported(
+    tiny: Generator, tiny_dir: Path, draft_dir: Path
+) -> None:
+    g = build(tiny_dir).draft(str(draft_dir), 3).build()
+    assert (g.draft_model_name, g.num_draft_tokens, g.draft_device) == (draft_dir.name, 3, KjarniDevice.CPU)
+    assert g.draft_decoder is not None and tiny.draft_model_name is None and tiny.num_draft_tokens == 0
+    for prompt in ("hello world", "", "the cat sat"):  # the last one runs to max_tokens
+        assert greedy_ids(g, prompt) == greedy_ids(tiny, prompt)
+    stats = g.last_stats
+    assert stats.generated_tokens == 30 and stats.rounds >= 1
+    assert 0 < stats.draft_tokens_accepted < stats.draft_tokens_proposed  # both outcomes were exercised
+    assert stats.acceptance_rate == stats.draft_tokens_accepted / stats.draft_tokens_proposed
+    assert stats.tokens_per_round == (stats.draft_tokens_accepted + stats.rounds) / stats.rounds > 1
+    assert tiny.last_stats.rounds == 0  # no draft, no rounds
+
+
+def test_sampling_with_a_draft_keeps_max_tokens_stop_strings_and_seeds(tiny_dir: Path, draft_dir: Path) -> None:
+    g = build(tiny_dir).draft(str(draft_dir), 4).build()
+    sampled = GenerationOverrides(temperature=0.9, top_k=0, seed=5, max_tokens=17)
+    first = g.generate_with_config("the cat", sampled)
+    assert g.generate_with_config("the cat", sampled) == first  # same seed, same text
+    assert g.last_stats.generated_tokens <= 17 and g.last_stats.rounds >= 1
+    stop = first[len(first) // 2 : len(first) // 2 + 2]
+    if stop:
+        stopped = g.generate_with_config("the cat", GenerationOverrides(temperature=0.9, top_k=0, seed=5, max_tokens=17, stop=(stop,)))
+        assert stop not in stopped and first.startswith(stopped)
+
+
+def test_a_draft_of_another_vocabulary_is_refused_at_build_naming_both(tiny_dir: Path, tmp_path: Path) -> None:
+    other = make_tiny_model(tmp_path / "wide-draft", vocab_size=TINY_VOCAB + 20)
+    with pytest.raises(InvalidConfigurationError) as refused:
+        build(tiny_dir).draft(str(other), 4).build()
+    message = str(refused.value)
+    assert "wide-draft" in message and tiny_dir.name in message
+    assert str(TINY_VOCAB + 20) in message and str(TINY_VOCAB) in message
+
+
+def test_the_prefix_cache_is_off_by_default_and_allocated_eagerly_when_on(tiny: Generator, tiny_dir: Path) -> None:
+    assert tiny.prefix_cache is None and tiny.prefix_cache_nbytes == 0
+    g = build(tiny_dir).prefix_cache(True).build()
+    assert g.prefix_cache is not None
+    assert g.prefix_cache.capacity == 256  # DEFAULT_PREFIX_CACHE_TOKENS clamped to the context
+    assert g.prefix_cache.tokens == 0 and g.prefix_cache_nbytes == g.prefix_cache.nbytes > 0
+    assert build(tiny_dir).prefix_cache_tokens(40).build().prefix_cache.capacity == 40
+    assert build(tiny_dir).prefix_cache(True).prefix_cache(False).build().prefix_cache is None
+
+
+def test_a_prompt_sharing_a_cached_prefix_reuses_it_and_gives_the_same_text(tiny: Generator, tiny_dir: Path) -> None:
+    g = build(tiny_dir).prefix_cache(True).build()
+    first = g.generate_with_config("the cat sat on", GREEDY_30)
+    assert g.last_stats.cached_prompt_tokens == 0
+    for prompt in ("the cat sat on the mat", "the cat sat on" + first + " and then"):
+        assert g.generate_with_config(prompt, GREEDY_30) == tiny.generate_with_config(prompt, GREEDY_30)
+        assert g.last_stats.cached_prompt_tokens > 0
+    assert g._kv_cache is None  # the Generator's own reusable cache is never allocated beside it
+    g.clear_prefix_cache()
+    assert g.prefix_cache.tokens == 0
+    g.generate_with_config("the cat sat on the mat", GREEDY_30)
+    assert g.last_stats.cached_prompt_tokens == 0
+
+
+def test_a_prompt_too_long_for_the_prefix_cache_still_works(tiny: Generator, tiny_dir: Path) -> None:
+    g = build(tiny_dir).prefix_cache_tokens(16).build()
+    g.generate_with_config("hi", GenerationOverrides(temperature=0.0, max_tokens=4))
+    held = g.prefix_cache.cached_ids
+    assert held
+    prompt = "the cat sat on the mat and looked around"
+    assert g.generate_with_config(prompt, GREEDY_30) == tiny.generate_with_config(prompt, GREEDY_30)
+    assert g.prefix_cache.cached_ids == held  # left as it was for later calls
+
+
+def test_the_prefix_cache_respects_max_context(tiny_dir: Path) -> None:
+    g = build(tiny_dir).with_load_config(lambda c: c.max_context(48)).allow_warnings().prefix_cache(True).build()
+    assert g.prefix_cache.capacity == 48
+    long = GenerationOverrides(temperature=0.0, max_tokens=200)
+    first = [t for t in g.stream_with_config("the cat", long)]
+    assert first[-1].finish_reason in ("context", "eos")
+    assert g.last_stats.prompt_tokens + g.last_stats.generated_tokens <= 48
+    g.generate_with_config("the cat sat", long)
+    assert g.last_stats.cached_prompt_tokens > 0  # max_tokens beyond the context still uses the cache
+
+
+def test_a_draft_and_the_prefix_cache_together(tiny: Generator, tiny_dir: Path, draft_dir: Path) -> None:
+    g = build(tiny_dir).draft(str(draft_dir), 4).prefix_cache_tokens(128).build()
+    assert g.prefix_cache_nbytes == 2 * g.prefix_cache.nbytes  # the draft has its own, same shapes here
+    assert greedy_ids(g, "the cat sat") == greedy_ids(tiny, "the cat sat")
+    assert greedy_ids(g, "the cat sat on a mat") == greedy_ids(tiny, "the cat sat on a mat")
+    assert g.last_stats.cached_prompt_tokens > 0 and g.last_stats.rounds >= 1
+    assert g._kv_cache is None and g._draft_kv_cache is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("target_device", "draft_device"), [("gpu", "cpu"), ("cpu", "gpu"), ("gpu", None)])
+def test_a_draft_on_either_backend_gives_the_same_greedy_tokens(
+    tiny: Generator, tiny_dir: Path, draft_dir: Path, wgpu_context: object, target_device: str, draft_device: str | None
+) -> None:
+    """GPU model with a CPU draft, CPU model with a GPU draft, and both on the GPU sharing one context."""
+    builder = build(tiny_dir).draft(str(draft_dir), 3, device=draft_device).with_load_config(lambda c: c.f32())
+    builder.allow_warnings()
+    plain = tiny
+    if target_device == "gpu":
+        builder.with_context(wgpu_context)
+        plain = Generator.builder().model_path(tiny_dir).with_context(wgpu_context).with_load_config(lambda c: c.f32()).quiet().build()
+    g = builder.build()
+    assert g.device is KjarniDevice.parse(target_device)
+    assert g.draft_device is KjarniDevice.parse(draft_device or target_device)
+    if draft_device is None:
+        assert g.draft_decoder.model.ops.context is wgpu_context
+    assert greedy_ids(g, "the cat sat") == greedy_ids(plain, "the cat sat")
+    assert g.last_stats.rounds >= 1
 
 
 def test_load_config_builder_and_with_load_config(tiny_dir: Path) -> None:
@@ -376,14 +524,13 @@ def test_warnings_for_gpu_settings_on_the_cpu_unless_allowed(tiny_dir: Path, cap
 
 def test_registry_functions() -> None:
     models = kg.available_models()
-    assert "smollm2-135m-instruct" in models and "llama-3.2-1b-instruct" not in models
+    assert "smollm2-135m-instruct" in models and {"llama-3.2-1b-instruct", "gpt2", "phi-3.5-mini-instruct"} <= set(models)
     assert kg.suggested_models()[0] == "smollm2-135m-instruct"
     assert set(kg.suggested_models()) <= set(models)
     assert kg.is_generator_model("SmolLM2-135M-Instruct") is None
     with pytest.raises(UnknownModelError):
         kg.is_generator_model("bert-base-uncased")
-    with pytest.raises(InvalidModelError, match="not implement"):
-        kg.is_generator_model("llama-3.2-1b-instruct")
+    assert kg.is_generator_model("llama-3.2-1b-instruct") is None  # llama3 RoPE scaling is implemented
 
 
 def test_is_generator_model_reads_local_configs(tiny_dir: Path, tmp_path: Path) -> None:

@@ -112,6 +112,38 @@ def test_preset_flag_sets_its_layer_and_flags_override_it(tiny_dir: Path, capsys
     assert config["temperature"] == 0.2 and config["max_tokens"] == 3
 
 
+def test_draft_flag_gives_the_same_greedy_text_and_json_reports_acceptance(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    draft = make_tiny_model(tmp_path / "cli-draft", weight_noise=0.04)
+    assert cli.main(["generate", "the cat sat", "--model-path", str(tiny_dir), "--device", "cpu", "--greedy", "--json",
+                     "-q", "--max-tokens", "20", "--draft", str(draft), "--draft-tokens", "3", "--prefix-cache"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["text"] == expected_text(tiny_dir, "the cat sat", temperature=0.0, max_tokens=20)
+    assert result["draft_model"] == "cli-draft" and result["num_draft_tokens"] == 3
+    stats = result["stats"]
+    assert stats["rounds"] >= 1 and stats["draft_tokens_proposed"] >= stats["draft_tokens_accepted"]
+    assert 0 <= stats["acceptance_rate"] <= 1 and stats["tokens_per_round"] >= 1
+
+
+def test_draft_flag_streams_and_reports_acceptance_on_stderr(tiny_dir: Path, tmp_path: Path) -> None:
+    draft = make_tiny_model(tmp_path / "cli-draft", weight_noise=0.04)
+    done = run_kjarni("generate", "the cat sat", "--model-path", str(tiny_dir), "--device", "cpu", "--greedy",
+                      "--max-tokens", "12", "--draft", str(draft))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip("\n") == expected_text(tiny_dir, "the cat sat", temperature=0.0, max_tokens=12).rstrip("\n")
+    assert "accepted" in done.stderr and "tokens per round" in done.stderr
+
+
+def test_a_draft_of_another_vocabulary_exits_2_naming_both(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    draft = make_tiny_model(tmp_path / "wide-draft", vocab_size=320)
+    assert cli.main(["generate", "x", "--model-path", str(tiny_dir), "--device", "cpu", "-q", "--draft", str(draft)]) == 2
+    err = capsys.readouterr().err
+    assert "wide-draft" in err and tiny_dir.name in err and "vocabulary" in err and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------- exit codes and messages
 
 
@@ -125,6 +157,9 @@ def test_preset_flag_sets_its_layer_and_flags_override_it(tiny_dir: Path, capsys
         ["generate", "x", "--greedy", "--temperature", "0.5"],
         ["generate", "x", "--device", "tpu"],
         ["generate", "x", "--preset", "turbo"],
+        ["generate", "x", "--draft-tokens", "3"],
+        ["generate", "x", "--draft", "qwen2.5-coder-0.5b-instruct", "--draft-tokens", "0"],
+        ["generate", "x", "--draft", "qwen2.5-coder-0.5b-instruct", "--draft-device", "tpu"],
         ["frobnicate"],
         [],
     ],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from kjarni.generator.builder import DEFAULT_PREFIX_CACHE_TOKENS, GeneratorBuilder
+from kjarni.generator.builder import GeneratorBuilder
 from kjarni.generator.config import (
     GenerationOverrides,
     KjarniDevice,
@@ -35,6 +35,7 @@ from kjarni.generator.presets import (
     list_presets,
 )
 from kjarni.generator.registry import available_models, is_generator_model, suggested_models
+from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from kjarni.sources import DownloadPolicy
 
 __all__ = [

@@ -27,17 +27,11 @@ from kjarni.generator.config import (
     LoadConfigBuilder,
     ResolvedGenerationConfig,
 )
-from kjarni.generator.generator import Generator, _notice
+from kjarni.generator.generator import Generator, _Draft, _notice
 from kjarni.generator.presets import GeneratorPreset, GeneratorTier, find_preset, list_presets
+from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
 from kjarni.sources import DownloadPolicy
 
-DEFAULT_PREFIX_CACHE_TOKENS = 4096
-"""Tokens a prefix cache holds unless the caller picks a size.
-
-Sized against memory rather than the model's context window: KV is eagerly allocated f32, roughly
-24KB per token on Qwen2.5-0.5B, so this is about 96MB there while that model's full 32768-token
-context would be 768MB.
-"""
 
 # Settings of creative() and precise(): a builder layer, so later setters still override them.
 CREATIVE = GenerationOverrides(temperature=1.0, top_p=0.95, top_k=0, min_p=0.05)
@@ -118,7 +112,7 @@ class GeneratorBuilder:
         self._download_policy = DownloadPolicy.IF_MISSING
         self._quiet = False
         self._allow_warnings = False
-        self._draft: tuple[str, int] | None = None
+        self._draft: tuple[str, int, KjarniDevice | None] | None = None  # name, tokens per round, device
         self._prefix_cache_tokens: int | None = None
 
     def __repr__(self) -> str:
@@ -193,33 +187,43 @@ class GeneratorBuilder:
         """Precise generation: temperature 0.2, top-p 0.9, top-k 20."""
         return self.generation_config(PRECISE)
 
-    # ------------------------------------------------------------ later issues
+    # ------------------------------------------------------------ speculative decoding and the prefix cache
 
-    def draft(self, name: str, num_tokens: int) -> GeneratorBuilder:
-        """Speculative decoding with ``name`` as the draft model proposing ``num_tokens`` per round.
+    def draft(
+        self, name: str | os.PathLike[str], num_tokens: int, *, device: KjarniDevice | str | None = None
+    ) -> GeneratorBuilder:
+        """Speculative decoding: ``name`` (a registry name or local path) proposes ``num_tokens`` per round.
 
-        The draft must share this model's vocabulary (qwen2.5-0.5b drafting for qwen2.5-1.5b).
-        Not implemented yet: ``build()`` raises ``InvalidConfigurationError``.
+        The draft must share this model's vocabulary (qwen2.5-coder-0.5b-instruct drafting for
+        qwen2.5-coder-1.5b-instruct); ``build()`` checks it. It resolves and loads like the model
+        (same cache folder, download policy, load config and quiet setting), on ``device`` (default:
+        wherever the model runs; a GPU draft shares the model's ``WgpuContext``). Greedy output is
+        the model's own greedy output; sampled output follows the model's distribution.
         """
+        if isinstance(name, os.PathLike):
+            name = os.fspath(name)
         if not isinstance(name, str) or not name:
             raise InvalidConfigurationError(f"draft model name {name!r} must be a non-empty str")
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
-            raise InvalidConfigurationError(f"draft num_tokens={num_tokens!r} is out of range: it must be an integer >= 1")
-        self._draft = (name, num_tokens)
+            raise InvalidConfigurationError(
+                f"draft num_tokens={num_tokens!r} is out of range: it must be an integer >= 1 (4 is a good start)"
+            )
+        self._draft = (name, num_tokens, None if device is None else KjarniDevice.parse(device))
         return self
 
     def prefix_cache(self, enabled: bool = True) -> GeneratorBuilder:
-        """Reuse the KV cache across calls, holding ``DEFAULT_PREFIX_CACHE_TOKENS`` tokens.
+        """Reuse the KV cache across calls (``DEFAULT_PREFIX_CACHE_TOKENS`` positions; off by default).
 
-        Not implemented yet: ``build()`` raises ``InvalidConfigurationError`` when enabled.
+        A prompt sharing its head with the previous call's prompt and output prefills only the rest.
         """
         self._prefix_cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if enabled else None
         return self
 
     def prefix_cache_tokens(self, tokens: int) -> GeneratorBuilder:
-        """Enable prefix reuse with a capacity of ``tokens`` (clamped to the model's context).
+        """Enable the prefix cache with a capacity of ``tokens`` (clamped to the model's context).
 
-        Not implemented yet: ``build()`` raises ``InvalidConfigurationError``.
+        The cache is allocated at ``build()``. A prompt plus ``max_tokens`` longer than it still
+        works: that call prefills from scratch in a cache of its own.
         """
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise InvalidConfigurationError(f"prefix_cache_tokens={tokens!r} is out of range: it must be an integer >= 1")
@@ -323,16 +327,6 @@ class GeneratorBuilder:
 
     def _check(self) -> None:
         """What can be refused before touching any file."""
-        if self._draft is not None:
-            raise InvalidConfigurationError(
-                f"speculative decoding (draft({self._draft[0]!r}, {self._draft[1]})) is not implemented yet in "
-                f"this kjarni version; remove the draft() call"
-            )
-        if self._prefix_cache_tokens is not None:
-            raise InvalidConfigurationError(
-                f"the prefix cache (prefix_cache / prefix_cache_tokens({self._prefix_cache_tokens})) is not "
-                f"implemented yet in this kjarni version; remove that call"
-            )
         if self._context is not None and self._device is not KjarniDevice.GPU:
             raise InvalidConfigurationError(
                 f"with_context() gives a GPU context but the device is {self._device.value}; drop one of them"
@@ -346,7 +340,9 @@ class GeneratorBuilder:
                     f"with config.json, tokenizer.json and *.safetensors"
                 )
             return sources.resolve(self._model_path, quiet=self._quiet)
-        name = self._model or registry.DEFAULT_MODEL
+        return self._resolve(self._model or registry.DEFAULT_MODEL)
+
+    def _resolve(self, name: str) -> sources.ModelSource:
         return sources.resolve(
             name,
             cache_dir=self._cache_dir,
@@ -355,13 +351,14 @@ class GeneratorBuilder:
             prefer=self._load_config.prefer or "gguf",
         )
 
-    def _ops(self) -> tuple[Any, Any, KjarniDevice]:
+    def _ops(self, device: KjarniDevice, context: Any) -> tuple[Any, Any, KjarniDevice]:
+        """``(ops, gpu context or None, resolved device)`` for ``device``; a GPU uses ``context`` if given."""
         from kjarni.numpy_ops import NumpyOps
 
-        if self._device is KjarniDevice.CPU:
+        if device is KjarniDevice.CPU:
             return NumpyOps(), None, KjarniDevice.CPU
-        if self._device is KjarniDevice.GPU:
-            ops, context = _gpu_ops(self._load_config, self._context)
+        if device is KjarniDevice.GPU or context is not None:
+            ops, context = _gpu_ops(self._load_config, context)
             return ops, context, KjarniDevice.GPU
         try:
             software = _software_adapter()
@@ -373,6 +370,24 @@ class GeneratorBuilder:
             reason = f"no usable GPU: {error}"
         _notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
         return NumpyOps(), None, KjarniDevice.CPU
+
+    def _load(self, source: sources.ModelSource, ops: Any, device: KjarniDevice) -> Any:
+        from kjarni.loader import load_model
+
+        started = time.monotonic()
+        _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
+        try:
+            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors")
+        except KjarniError:
+            raise
+        except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
+            raise LoadFailedError(f"loading {source.path} failed: {type(error).__name__}: {error}") from error
+        _notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
+        if device is KjarniDevice.CPU:
+            params = _parse_params(source.entry.params) if source.entry is not None else None
+            if params is not None and params > _CPU_WARN_PARAMS:
+                self._warn(f"{source.name} has {source.entry.params} parameters; the numpy CPU backend runs it slowly, gpu() is faster")
+        return loaded
 
     def _resolve_config(self, loaded: Any) -> ResolvedGenerationConfig:
         """kjarni defaults < the model's generation_config < preset < builder."""
@@ -394,30 +409,45 @@ class GeneratorBuilder:
             print(f"kjarni: warning: {message} (allow_warnings() silences this)", file=sys.stderr, flush=True)
 
     def build(self) -> Generator:
-        """Resolve, download (per the policy), load, and return the Generator."""
-        from kjarni.loader import load_model
+        """Resolve, download (per the policy), load, and return the Generator.
 
+        With ``draft()`` the draft model is resolved and loaded the same way and checked against
+        the model's vocabulary; with ``prefix_cache()`` its KV cache is allocated here.
+        """
         self._check()
         source = self._source()
-        ops, context, device = self._ops()
-        started = time.monotonic()
-        _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
-        try:
-            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors")
-        except KjarniError:
-            raise
-        except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
-            raise LoadFailedError(f"loading {source.path} failed: {type(error).__name__}: {error}") from error
-        _notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
+        draft_source = self._resolve(self._draft[0]) if self._draft is not None else None  # fail before loading
+        ops, context, device = self._ops(self._device, self._context)
+        loaded = self._load(source, ops, device)
         context_size = loaded.model.context_size
         if self._load_config.max_context is not None:
             context_size = min(context_size, self._load_config.max_context)
-        if device is KjarniDevice.CPU:
-            params = _parse_params(source.entry.params) if source.entry is not None else None
-            if params is not None and params > _CPU_WARN_PARAMS:
-                self._warn(f"{source.name} has {source.entry.params} parameters; the numpy CPU backend runs it slowly, gpu() is faster")
-            if self._load_config_set and (self._load_config.weight_format != "f16" or self._load_config.kv_dtype is not None):
-                self._warn("weight_format and kv_dtype apply to the GPU; the CPU backend always computes in float32")
+        if device is KjarniDevice.CPU and self._load_config_set and (
+            self._load_config.weight_format != "f16" or self._load_config.kv_dtype is not None
+        ):
+            self._warn("weight_format and kv_dtype apply to the GPU; the CPU backend always computes in float32")
+
+        draft = None
+        if self._draft is not None and draft_source is not None:
+            from kjarni.speculative import check_draft_compatible
+
+            _, num_tokens, draft_device = self._draft
+            # Default: the model's device; a GPU draft shares the model's context (one device, one queue).
+            draft_ops, _, draft_device = self._ops(draft_device or device, context if device is KjarniDevice.GPU else None)
+            draft_loaded = self._load(draft_source, draft_ops, draft_device)
+            check_draft_compatible(loaded, draft_loaded, target_name=source.name, draft_name=draft_source.name)
+            draft = _Draft(draft_source.name, draft_loaded, draft_device, num_tokens)
+
+        prefix_caches: tuple[Any, Any] = (None, None)
+        if self._prefix_cache_tokens is not None:
+            # Allocated now, each clamped to the context it serves (PrefixCache clamps to context_size).
+            tokens = self._prefix_cache_tokens
+            prefix_caches = (
+                PrefixCache(_WithinContext(loaded.model, context_size), tokens),
+                None if draft is None else PrefixCache(
+                    _WithinContext(draft.loaded.model, min(context_size, draft.loaded.model.context_size)), tokens
+                ),
+            )
         return Generator(
             loaded=loaded,
             model_name=source.name,
@@ -427,11 +457,27 @@ class GeneratorBuilder:
             generation_config=self._resolve_config(loaded),
             context_size=context_size,
             load_config=self._load_config,
+            draft=draft,
+            prefix_cache=prefix_caches[0],
+            draft_prefix_cache=prefix_caches[1],
         )
 
     async def abuild(self) -> Generator:
         """``build`` in a worker thread, for asyncio code."""
         return await asyncio.to_thread(self.build)
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithinContext:
+    """A model as a ``PrefixCache`` sees it: its context clamped to the Generator's (``max_context``),
+    since a generation never runs past that, so every prompt plus ``max_tokens`` that fits the
+    capacity there is served from the cache."""
+
+    model: Any
+    context_size: int
+
+    def new_cache(self, capacity: int) -> Any:
+        return self.model.new_cache(capacity)
 
 
 def model_overrides(defaults: Any) -> GenerationOverrides:

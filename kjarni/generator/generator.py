@@ -26,6 +26,7 @@ from kjarni.generator.config import GenerationOverrides, KjarniDevice, LoadConfi
 if TYPE_CHECKING:
     from kjarni.generator.builder import GeneratorBuilder
     from kjarni.loader import LoadedModel
+    from kjarni.prefix_cache import PrefixCache
     from kjarni.registry import ModelEntry
 
 
@@ -46,6 +47,16 @@ class GeneratedToken:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class _Draft:
+    """The draft model of speculative decoding, as the builder loaded it."""
+
+    name: str
+    loaded: LoadedModel
+    device: KjarniDevice
+    num_tokens: int
+
+
 class Generator:
     """Raw text generator for decoder language models.
 
@@ -64,6 +75,9 @@ class Generator:
         generation_config: ResolvedGenerationConfig,
         context_size: int,
         load_config: LoadConfig,
+        draft: _Draft | None = None,
+        prefix_cache: PrefixCache | None = None,
+        draft_prefix_cache: PrefixCache | None = None,
     ) -> None:
         self._loaded = loaded
         self._model_name = model_name
@@ -76,6 +90,10 @@ class Generator:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._kv_cache: Any = None
+        self._draft = draft
+        self._draft_kv_cache: Any = None
+        self._prefix_cache = prefix_cache
+        self._draft_prefix_cache = draft_prefix_cache
         self.last_stats: Any = None
         """Statistics of the most recent finished generation (``kjarni.generate.GenerationStats``)."""
 
@@ -150,8 +168,56 @@ class Generator:
         """The ``WgpuContext`` the model runs on, or ``None`` on the CPU."""
         return self._gpu_context
 
+    @property
+    def draft_model_name(self) -> str | None:
+        """The draft model's name when speculative decoding is on (``builder.draft``), else ``None``."""
+        return None if self._draft is None else self._draft.name
+
+    @property
+    def draft_device(self) -> KjarniDevice | None:
+        """Where the draft model runs, or ``None`` without one."""
+        return None if self._draft is None else self._draft.device
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens the draft proposes per round (0 without a draft)."""
+        return 0 if self._draft is None else self._draft.num_tokens
+
+    @property
+    def draft_decoder(self) -> LoadedModel | None:
+        """The loaded draft model (like ``decoder``), or ``None`` without one."""
+        return None if self._draft is None else self._draft.loaded
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The model's prefix cache (``capacity``, ``tokens``, ``nbytes``), or ``None`` when it is off.
+
+        Read it freely; to empty it use ``clear_prefix_cache()``, which waits for a running generation.
+        """
+        return self._prefix_cache
+
+    @property
+    def prefix_cache_nbytes(self) -> int:
+        """Bytes allocated for the prefix cache: the model's, plus the draft's when there is one (0 when off)."""
+        return sum(c.nbytes for c in (self._prefix_cache, self._draft_prefix_cache) if c is not None)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget what the prefix cache holds (its memory stays allocated); waits for a running generation."""
+        self._acquire()
+        try:
+            for cache in (self._prefix_cache, self._draft_prefix_cache):
+                if cache is not None:
+                    cache.clear()
+        finally:
+            self._release()
+
     def __repr__(self) -> str:
-        return f"Generator(model_name={self._model_name!r}, device={self._device.value!r}, context_size={self._context_size})"
+        draft = f", draft={self._draft.name!r}" if self._draft is not None else ""
+        prefix = f", prefix_cache={self._prefix_cache.capacity}" if self._prefix_cache is not None else ""
+        return (
+            f"Generator(model_name={self._model_name!r}, device={self._device.value!r}, "
+            f"context_size={self._context_size}{draft}{prefix})"
+        )
 
     # ------------------------------------------------------------ blocking API
 
@@ -266,17 +332,23 @@ class Generator:
 
     def _kv_cache_for(self, tokens: int) -> Any:
         """A KV cache of at least ``tokens`` positions, reused across generations (allocated once)."""
-        capacity = min(tokens, self._context_size)
-        cache = self._kv_cache
-        if cache is None or cache.capacity < capacity:
-            # Grow to at least double so a run of slightly longer prompts does not reallocate each time.
-            if cache is not None:
-                capacity = min(max(capacity, 2 * cache.capacity), self._context_size)
+        capacity = _grown_capacity(self._kv_cache, tokens, self._context_size)
+        if capacity is not None:
             self._kv_cache = None  # let the old one go before allocating the new one
-            cache = self._loaded.model.new_cache(capacity)
-            self._kv_cache = cache
-        cache.offset = 0
-        return cache
+            self._kv_cache = self._loaded.model.new_cache(capacity)
+        self._kv_cache.offset = 0
+        return self._kv_cache
+
+    def _draft_cache_for(self, tokens: int) -> Any:
+        """The draft model's ``_kv_cache_for``."""
+        assert self._draft is not None
+        model = self._draft.loaded.model
+        capacity = _grown_capacity(self._draft_kv_cache, tokens, min(self._context_size, model.context_size))
+        if capacity is not None:
+            self._draft_kv_cache = None
+            self._draft_kv_cache = model.new_cache(capacity)
+        self._draft_kv_cache.offset = 0
+        return self._draft_kv_cache
 
     def _events(self, prompt_ids: list[int], config: ResolvedGenerationConfig) -> tuple[Iterator[Any], Any]:
         """The generation loop of ``kjarni.generate`` for one call, and its stats object."""
@@ -294,9 +366,34 @@ class Generator:
             eos_token_ids=tuple(config.eos_token_ids),
         )
         stats = GenerationStats()
-        kv_cache = self._kv_cache_for(len(prompt_ids) + config.max_tokens)
-        events = stream_generate(self._loaded.model, self._loaded.tokenizer, prompt_ids, params, kv_cache=kv_cache, stats=stats)
+        needed = min(len(prompt_ids) + config.max_tokens, self._context_size)
+        caches: dict[str, Any] = {}
+        if self._prefix_cache is None:
+            caches["kv_cache"] = self._kv_cache_for(needed)
+        elif needed <= self._prefix_cache.capacity:
+            caches["prefix_cache"] = self._prefix_cache
+        else:
+            # Too long for the prefix cache: a cache for this call only (bounded by max_context, which
+            # stream_generate's own fallback would not know), leaving the prefix cache as it was.
+            caches["kv_cache"] = self._loaded.model.new_cache(needed)
+        if self._draft is not None:
+            caches["draft"] = self._draft.loaded.model
+            caches["num_draft_tokens"] = self._draft.num_tokens
+            if self._draft_prefix_cache is not None:
+                caches["draft_prefix_cache"] = self._draft_prefix_cache
+            else:
+                caches["draft_cache"] = self._draft_cache_for(needed)
+        events = stream_generate(self._loaded.model, self._loaded.tokenizer, prompt_ids, params, stats=stats, **caches)
         return events, stats
+
+
+def _grown_capacity(cache: Any, tokens: int, context: int) -> int | None:
+    """The capacity to reallocate ``cache`` with to hold ``tokens`` (at most ``context``), or None if it does."""
+    capacity = min(tokens, context)
+    if cache is not None and cache.capacity >= capacity:
+        return None
+    # Grow to at least double so a run of slightly longer prompts does not reallocate each time.
+    return capacity if cache is None else min(max(capacity, 2 * cache.capacity), context)
 
 
 class TokenStream:
