@@ -37,13 +37,14 @@ class PrefixCache:
     reports it). One cache holds one conversation: lend it to one generation at a time.
     """
 
-    def __init__(self, model, capacity: int = DEFAULT_PREFIX_CACHE_TOKENS) -> None:
+    def __init__(self, model, capacity: int = DEFAULT_PREFIX_CACHE_TOKENS, *, context_size: int | None = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise InvalidConfigurationError(
                 f"prefix cache capacity {capacity!r} is out of range: it must be an integer >= 1 (tokens)"
             )
-        self._context_size = model.context_size
-        self.capacity = min(capacity, model.context_size)
+        # The context generations will run in: the model's, or less when the caller clamps it.
+        self._context_size = min(model.context_size, context_size or model.context_size)
+        self.capacity = min(capacity, self._context_size)
         self.kv_cache: KVCache = model.new_cache(self.capacity)
         self._ids: list[int] = []  # the tokens positions 0 .. len - 1 of kv_cache hold
         self._taken: list[int] = []  # the prompt of the generation the cache is lent to

@@ -443,10 +443,8 @@ class GeneratorBuilder:
             # Allocated now, each clamped to the context it serves (PrefixCache clamps to context_size).
             tokens = self._prefix_cache_tokens
             prefix_caches = (
-                PrefixCache(_WithinContext(loaded.model, context_size), tokens),
-                None if draft is None else PrefixCache(
-                    _WithinContext(draft.loaded.model, min(context_size, draft.loaded.model.context_size)), tokens
-                ),
+                PrefixCache(loaded.model, tokens, context_size=context_size),
+                None if draft is None else PrefixCache(draft.loaded.model, tokens, context_size=context_size),
             )
         return Generator(
             loaded=loaded,
@@ -465,19 +463,6 @@ class GeneratorBuilder:
     async def abuild(self) -> Generator:
         """``build`` in a worker thread, for asyncio code."""
         return await asyncio.to_thread(self.build)
-
-
-@dataclasses.dataclass(frozen=True)
-class _WithinContext:
-    """A model as a ``PrefixCache`` sees it: its context clamped to the Generator's (``max_context``),
-    since a generation never runs past that, so every prompt plus ``max_tokens`` that fits the
-    capacity there is served from the cache."""
-
-    model: Any
-    context_size: int
-
-    def new_cache(self, capacity: int) -> Any:
-        return self.model.new_cache(capacity)
 
 
 def model_overrides(defaults: Any) -> GenerationOverrides:
