@@ -6,6 +6,7 @@
     kjarni models
     kjarni pull smollm2-135m-instruct
     kjarni presets
+    kjarni parity --model smollm2-135m-instruct --prompt "The capital of France is" --json
 
 Generated text goes to stdout, everything else (progress, notices, errors) to stderr. Exit codes:
 0 success, 2 bad arguments or settings, 1 any other failure, 130 interrupted. Errors are one line;
@@ -81,6 +82,17 @@ def _parser() -> _Parser:
     pull.add_argument("name", metavar="NAME", help="registry model name (see `kjarni models`)")
     commands.add_parser("presets", parents=[common], help="list generator presets",
                         description="List the generator presets usable with `kjarni generate --preset`.")
+    parity = commands.add_parser(
+        "parity", parents=[common], help="cross-check GPU logits against the numpy reference",
+        description="Run one model on the numpy backend and on the GPU and compare their logits for a prompt: "
+                    "max and mean difference, top-1 agreement and the first diverging greedy step.")
+    parity.add_argument("--model", metavar="NAME", help="registry model name (default: the default model)")
+    parity.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead")
+    parity.add_argument("--prompt", required=True, help="the prompt to compare on")
+    parity.add_argument("--steps", type=int, default=16, help="greedy steps after the prompt (default 16)")
+    parity.add_argument("--weight-format", choices=["f32", "f16"], default="f32",
+                        help="GPU weight format (default f32, the tightest comparison)")
+    parity.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -226,7 +238,26 @@ def _table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join([*cells, row[-1]]))
 
 
-_COMMANDS = {"generate": _generate, "models": _models, "pull": _pull, "presets": _presets}
+def _parity(args: argparse.Namespace) -> int:
+    from kjarni import registry, sources
+    from kjarni.parity import run_parity
+
+    if args.model and args.model_path:
+        raise _UsageError("--model and --model-path both name a model; pass one of them")
+    if args.steps < 0:
+        raise _UsageError(f"--steps {args.steps} must be >= 0")
+    if args.model_path:
+        path, name = args.model_path, args.model_path
+    else:
+        source = sources.resolve(args.model or registry.DEFAULT_MODEL, cache_dir=args.cache_dir,
+                                 quiet=args.quiet)
+        path, name = source.path, source.name
+    report = run_parity(path, args.prompt, steps=args.steps, weight_format=args.weight_format, name=name)
+    print(json.dumps(dataclasses.asdict(report), indent=2) if args.json else report.to_text())
+    return EXIT_OK
+
+
+_COMMANDS = {"generate": _generate, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
 
 
 # ---------------------------------------------------------------- entry point
@@ -244,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         debug = args.debug if hasattr(args, "debug") else debug
         if args.command is None:
-            raise _UsageError("a command is needed: generate, models, pull or presets (see `kjarni --help`)")
+            raise _UsageError("a command is needed: generate, models, pull, presets or parity (see `kjarni --help`)")
         return _COMMANDS[args.command](args)
     except _UsageError as error:
         return _fail(f"error: {error}", EXIT_USAGE, debug)

@@ -1,0 +1,103 @@
+"""Cross-check the GPU backend against the numpy reference: same model, same prompt, both backends.
+
+Both backends prefill the prompt, then decode greedily for ``steps`` tokens. Every step feeds both
+the numpy backend's token (teacher forcing), so the logits stay comparable after a first
+disagreement; the report gives the logit differences over every compared row, how often the two
+agree on the top token, and the first step where their greedy choices differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kjarni.errors import InvalidConfigurationError
+from kjarni.loader import load_model
+from kjarni.numpy_ops import NumpyOps
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityReport:
+    """What ``run_parity`` measured; ``first_divergence`` is None when every greedy step agreed."""
+
+    model: str
+    adapter: str
+    weight_format: str
+    prompt_tokens: int
+    steps: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    top1_agreement: float
+    first_divergence: int | None
+    cpu_tokens: tuple[int, ...]
+    gpu_tokens: tuple[int, ...]
+
+    def to_text(self) -> str:
+        diverged = "none" if self.first_divergence is None else f"step {self.first_divergence}"
+        return "\n".join(
+            [
+                f"model            {self.model}",
+                f"gpu              {self.adapter} ({self.weight_format} weights)",
+                f"compared rows    {self.steps + 1} (prompt of {self.prompt_tokens} tokens, then {self.steps} greedy steps)",
+                f"max |logit diff| {self.max_abs_diff:.3g}",
+                f"mean |diff|      {self.mean_abs_diff:.3g}",
+                f"top-1 agreement  {self.top1_agreement:.1%}",
+                f"first divergence {diverged}",
+            ]
+        )
+
+
+def run_parity(
+    path: str | Path,
+    prompt: str,
+    *,
+    steps: int = 16,
+    weight_format: str = "f32",
+    context: Any = None,
+    name: str | None = None,
+) -> ParityReport:
+    """Run the model at ``path`` on numpy and on the GPU and compare their logits for ``prompt``."""
+    from kjarni.gpu import WgpuContext, WgpuOps
+
+    if steps < 0:
+        raise InvalidConfigurationError(f"steps={steps} must be >= 0")
+    context = context or WgpuContext()
+    cpu = load_model(path, ops=NumpyOps())
+    gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format))
+    ids = cpu.tokenizer.encode(prompt)
+    if not ids:
+        if cpu.tokenizer.bos_token_id is None:
+            raise InvalidConfigurationError("the prompt is empty and the model has no BOS token to start from")
+        ids = [cpu.tokenizer.bos_token_id]
+    capacity = len(ids) + steps
+    cpu_cache, gpu_cache = cpu.model.new_cache(capacity), gpu.model.new_cache(capacity)
+    cpu_logits = cpu.model.ops.read(cpu.model.forward(ids, cpu_cache))[0]
+    gpu_logits = gpu.model.ops.read(gpu.model.forward(ids, gpu_cache))[0]
+    diffs, agree, cpu_tokens, gpu_tokens = [], [], [], []
+    for step in range(steps + 1):
+        diffs.append(np.abs(cpu_logits - gpu_logits))
+        cpu_tokens.append(int(np.argmax(cpu_logits)))
+        gpu_tokens.append(int(np.argmax(gpu_logits)))
+        agree.append(cpu_tokens[-1] == gpu_tokens[-1])
+        if step == steps:
+            break
+        cpu_logits = cpu.model.ops.read(cpu.model.forward([cpu_tokens[-1]], cpu_cache))[0]
+        gpu_logits = gpu.model.ops.read(gpu.model.forward([cpu_tokens[-1]], gpu_cache))[0]
+    all_diffs = np.stack(diffs)
+    first = next((i for i, same in enumerate(agree) if not same), None)
+    return ParityReport(
+        model=name or str(path),
+        adapter=context.description,
+        weight_format=weight_format,
+        prompt_tokens=len(ids),
+        steps=steps,
+        max_abs_diff=float(all_diffs.max()),
+        mean_abs_diff=float(all_diffs.mean()),
+        top1_agreement=float(np.mean(agree)),
+        first_divergence=first,
+        cpu_tokens=tuple(cpu_tokens),
+        gpu_tokens=tuple(gpu_tokens),
+    )

@@ -1,0 +1,42 @@
+"""`kjarni parity`: the GPU-vs-numpy cross-check, on a tiny model (lavapipe in CI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kjarni.cli import main
+from kjarni.parity import run_parity
+from tests.test_api import make_tiny_model
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("parity"))
+
+
+def test_f32_gpu_matches_numpy_on_every_step(tiny_model, wgpu_context):
+    report = run_parity(tiny_model, "hello there", steps=8, context=wgpu_context)
+    assert report.steps == 8 and len(report.cpu_tokens) == 9
+    assert report.max_abs_diff < 1e-3
+    assert 0 < report.mean_abs_diff <= report.max_abs_diff
+    assert report.top1_agreement == 1.0 and report.first_divergence is None
+    assert report.gpu_tokens == report.cpu_tokens
+
+
+def test_parity_command_prints_json(tiny_model, wgpu_context, capsys):
+    assert main(["parity", "--model-path", str(tiny_model), "--prompt", "hello", "--steps", "3", "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"] == 3 and report["first_divergence"] is None
+    assert report["max_abs_diff"] < 1e-3 and report["weight_format"] == "f32"
+
+
+def test_parity_command_prints_text_and_refuses_bad_steps(tiny_model, wgpu_context, capsys):
+    assert main(["parity", "--model-path", str(tiny_model), "--prompt", "hi", "--steps", "2", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "max |logit diff|" in out and "first divergence none" in out
+    assert main(["parity", "--model-path", str(tiny_model), "--prompt", "hi", "--steps", "-1"]) == 2
+    assert "--steps" in capsys.readouterr().err
