@@ -12,7 +12,7 @@ struct Params {
     capacity: u32,
     max_splits: u32,
     scale: f32,
-    _pad: u32,
+    window: u32,
 }
 
 struct Step {

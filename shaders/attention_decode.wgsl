@@ -1,5 +1,6 @@
 // attention_decode (flash-decoding, first pass): query row t (position p = step.start + t) and
-// head h against cache positions [WG split, WG split + WG) ∩ [0, p]. Writes the chunk's
+// head h against cache positions [WG split, WG split + WG) ∩ [lo, p], lo = 0 or, with a sliding
+// window, max(0, p + 1 - window). Writes the chunk's
 // unnormalised output o = sum_j exp(s_j - m) v_j, its max score m and sum l = sum_j exp(s_j - m)
 // to partial[((t H + h) max_splits + split) (hd + 2) ..]; attention_combine merges the chunks.
 // Bindings: params, step, q [tokens, H hd], k_cache, v_cache, partial. Grid: (H, splits, tokens).
@@ -39,6 +40,7 @@ fn main(
     let t = wid.z;
     let kv_head = h / (params.num_heads / params.num_kv_heads);
     let length = step.start + t + 1u;
+    let lo = select(0u, length - min(length, params.window), params.window > 0u);
     let d4 = HEAD_DIM / 4u;
     let q_base = (t * params.num_heads + h) * d4;
     for (var i = lid; i < d4; i += WG) {
@@ -47,7 +49,8 @@ fn main(
     workgroupBarrier();
     let key = split * WG + lid;
     var s = NEG_BIG;
-    if (key < length) {
+    let seen = key >= lo && key < length;
+    if (seen) {
         var acc = 0.0;
         for (var i = 0u; i < d4; i++) {
             acc += dot(q_sh[i], load_k4(kv_head, key, i));
@@ -55,7 +58,7 @@ fn main(
         s = acc;
     }
     let m = workgroup_max(s, lid, sg);
-    let p = select(0.0, exp(s - m), key < length);
+    let p = select(0.0, exp(s - m), seen);
     p_sh[lid] = p;
     let l = workgroup_sum(p, lid, sg);
     let c4 = lid % d4;
@@ -64,7 +67,7 @@ fn main(
     if (lid < lanes * d4) {
         for (var j = lid / d4; j < WG; j += lanes) {
             let pos = split * WG + j;
-            if (pos < length) {
+            if (pos >= lo && pos < length) {
                 o += p_sh[j] * load_v4(kv_head, pos, c4);
             }
         }

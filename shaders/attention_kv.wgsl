@@ -9,7 +9,7 @@ struct Params {
     capacity: u32,
     max_splits: u32,  // stride of the decode partials (splits per query row and head)
     scale: f32,       // 1 / sqrt(head_dim)
-    _pad: u32,
+    window: u32,      // sliding window (0: none): position p sees keys p - window < k <= p
 }
 
 struct Step {

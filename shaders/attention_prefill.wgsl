@@ -3,7 +3,8 @@
 // thread keeps its query row's running max, sum and output (online softmax); no score matrix.
 // Bindings: params, step, q [tokens, H hd], k_cache, v_cache, out [tokens, H hd].
 // Grid: (ceil(tokens / BQ), H); thread lid owns query row BQ wid.x + lid at position step.start + row.
-// out[t, h] = softmax(q k^T * scale, keys 0 ..= start + t) v.
+// out[t, h] = softmax(q k^T * scale, keys 0 ..= start + t) v; with a sliding window only keys
+// k > start + t - window.
 
 override HEAD_DIM: u32 = 64u;
 override BQ: u32 = 32u;
@@ -11,6 +12,10 @@ const BK: u32 = 16u;
 const MAX_D4: u32 = 64u;  // replaced by HEAD_DIM / 4 when the pipeline is made (private arrays need a const size)
 
 // #include attention_kv.wgsl
+
+fn visible(key: u32, pos: u32) -> bool {
+    return key <= pos && (params.window == 0u || key + params.window > pos);
+}
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
@@ -54,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var tile_max = -3.0e38;
             for (var j = 0u; j < BK; j++) {
                 s[j] = -3.0e38;
-                if (tile * BK + j <= pos) {
+                if (visible(tile * BK + j, pos)) {
                     var dot_qk = 0.0;
                     for (var i = 0u; i < d4; i++) {
                         dot_qk += dot(qr[i], k_sh[j * d4 + i]);
@@ -70,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 acc[i] *= correction;
             }
             for (var j = 0u; j < BK; j++) {
-                if (tile * BK + j <= pos) {
+                if (visible(tile * BK + j, pos)) {
                     let p = exp(s[j] - m_new);
                     l += p;
                     for (var i = 0u; i < d4; i++) {

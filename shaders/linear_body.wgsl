@@ -1,13 +1,18 @@
 // The linear family's shared body: bindings, Params and the two entry points. A format file
 // declares w_a / w_b and `fn load_w8(row, c8) -> W8` (8 dequantised weights), then includes this.
 //
-// matvec (few tokens, decode): workgroup of WG threads computes R consecutive rows for every
-//   token; threads stride over the 8-wide column chunks, a subgroup (or shared) reduction sums.
+// matvec (few tokens, decode, long rows): workgroup of WG threads computes R consecutive rows for
+//   every token; threads stride over the 8-wide column chunks, a subgroup (or shared) reduction sums.
 //   Grid: n = ceil(rows / R) workgroups folded as (min(n, 32768), ceil(n / 32768)).
+// matvec_sg (few tokens, decode, rows up to a few thousand columns; subgroup devices only): each
+//   subgroup owns R consecutive rows, its lanes stride over the chunks, subgroupAdd sums: no
+//   workgroup memory, no barriers. Subgroups stride over the row groups, so any grid is correct;
+//   the host sizes it as n = ceil(ceil(rows / R) / (WG / 32)) workgroups, folded as above.
 // matmul (prefill): 64x64 output tiles (64 tokens x 64 rows), 256 threads of 4x4 each, K in steps
 //   of 32 through workgroup memory. Grid: (ceil(rows / 64), ceil(tokens / 64)).
 // y[t, row_offset + r] = sum_c xn[t, c] W[r, c] (+ bias[row_offset + r]) (+ residual[t, row_offset + r]),
-// xn = x, or x / sqrt(mean(x^2) + eps) * norm_weight when flags bit 2 is set.
+// xn = x, or x / sqrt(mean(x^2) + eps) * norm_weight when flags bit 2 is set; with flags bit 3, x is
+// [tokens, 2 cols] = [gate | up] and the product reads silu(gate) * up (silu_mul fused in).
 
 struct Params {
     rows: u32,
@@ -54,13 +59,21 @@ fn finish(t: u32, r: u32, acc: f32, ss: f32) {
     y[i] = v;
 }
 
-// 8 values of x (normalised by norm_weight, not yet by the rms) and their sum of squares.
+// 8 values of x (silu(gate) * up with flags bit 3; normalised by norm_weight, not yet by the rms)
+// and their sum of squares.
 fn load_x8(t: u32, c8: u32, ss: ptr<function, f32>) -> W8 {
-    let base = t * params.cols;
+    let silu = (params.flags & 8u) != 0u;
+    let base = t * params.cols * select(1u, 2u, silu);
     let c = c8 * 8u;
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
         v[i] = select(0.0, x[base + c + i], c + i < params.cols);
+    }
+    if (silu) {
+        for (var i = 0u; i < 8u; i++) {
+            let up = select(0.0, x[base + params.cols + c + i], c + i < params.cols);
+            v[i] = v[i] / (1.0 + exp(-v[i])) * up;
+        }
     }
     var a = vec4<f32>(v[0], v[1], v[2], v[3]);
     var b = vec4<f32>(v[4], v[5], v[6], v[7]);
@@ -130,6 +143,44 @@ fn matvec(
         workgroupBarrier();
     }
 }
+
+// #if subgroup
+@compute @workgroup_size(WG)
+fn matvec_sg(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+) {
+    let chunks = (params.cols + 7u) / 8u;
+    let groups = (params.rows + R - 1u) / R;
+    let stride = nwg.x * nwg.y * sg_count;
+    for (var g = (wid.x + wid.y * nwg.x) * sg_count + sg_id; g < groups; g += stride) {
+        let row0 = g * R;
+        for (var t = 0u; t < params.tokens; t++) {
+            var acc: array<f32, R_MAX>;
+            for (var r = 0u; r < R_MAX; r++) { acc[r] = 0.0; }
+            var ss = 0.0;
+            for (var c8 = sg_lane; c8 < chunks; c8 += sg_size) {
+                let xv = load_x8(t, c8, &ss);
+                for (var r = 0u; r < R; r++) {
+                    let w = load_w8(min(row0 + r, params.rows - 1u), c8);
+                    acc[r] += dot(w.a, xv.a) + dot(w.b, xv.b);
+                }
+            }
+            let total_ss = subgroupAdd(ss);
+            for (var r = 0u; r < R; r++) {
+                let total = subgroupAdd(acc[r]);
+                if (sg_lane == r % sg_size && row0 + r < params.rows) {  // lane r writes row r
+                    finish(t, row0 + r, total, total_ss);
+                }
+            }
+        }
+    }
+}
+// #endif
 
 const BM: u32 = 64u;  // tokens per tile
 const BN: u32 = 64u;  // rows per tile

@@ -10,14 +10,14 @@ struct Params {
     rows: u32,        // output features of this dispatch (a row chunk of the weight)
     cols: u32,        // input features
     tokens: u32,      // rows of x
-    flags: u32,       // bit 0: add bias, bit 1: add residual, bit 2: rms-normalise x first
+    flags: u32,       // bit 0: add bias, bit 1: add residual, bit 2: rms-normalise x first, bit 3: x = [gate | up], use silu(gate) * up
     row_offset: u32,  // first output feature of this chunk within y / bias / residual
     y_stride: u32,    // row stride of y and residual (the full output width)
     eps: f32,         // rms_norm epsilon when bit 2 is set
     _pad: u32,
 }
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // [tokens, cols / 4] (cols is a multiple of 32)
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // [tokens, cols / 4] (cols is a multiple of 32); [tokens, 2 cols / 4] with flags bit 3
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;          // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;          // scales / mins, [rows, words_b]
 @group(0) @binding(4) var<storage, read> bias: array<f32>;         // [y_stride] when flags bit 0
@@ -69,8 +69,7 @@ fn add4(p: ptr<function, Partial>, w: vec4<f32>, c: u32, t0: u32, nt: u32) {
     if (norm) {
         wn = w * norm_weight[c / 4u];
     }
-    let i = (t0 * params.cols + c) / 4u;
-    let x0 = x[i];
+    let x0 = load_x4(t0, c);
     if (nt == 1u) {  // decode: one token, no tile indexing
         (*p).acc.x += dot(x0, wn);
         if (norm) {
@@ -78,13 +77,23 @@ fn add4(p: ptr<function, Partial>, w: vec4<f32>, c: u32, t0: u32, nt: u32) {
         }
         return;
     }
-    let stride = params.cols / 4u;
-    let xs = array<vec4<f32>, 4>(x0, x[i + stride * min(1u, nt - 1u)], x[i + stride * min(2u, nt - 1u)],
-                                 x[i + stride * min(3u, nt - 1u)]);
+    let xs = array<vec4<f32>, 4>(x0, load_x4(t0 + min(1u, nt - 1u), c), load_x4(t0 + min(2u, nt - 1u), c),
+                                 load_x4(t0 + min(3u, nt - 1u), c));
     (*p).acc += vec4<f32>(dot(xs[0], wn), dot(xs[1], wn), dot(xs[2], wn), dot(xs[3], wn));
     if (norm) {
         (*p).ss += vec4<f32>(dot(xs[0], xs[0]), dot(xs[1], xs[1]), dot(xs[2], xs[2]), dot(xs[3], xs[3]));
     }
+}
+
+// x[t, c .. c + 3] as the product reads it: with flags bit 3, x is [tokens, 2 cols] = [gate | up]
+// and the value is silu(gate) * up (silu_mul fused into the down projection).
+fn load_x4(t: u32, c: u32) -> vec4<f32> {
+    if ((params.flags & 8u) != 0u) {
+        let i = (t * 2u * params.cols + c) / 4u;
+        let g = x[i];
+        return g / (1.0 + exp(-g)) * x[i + params.cols / 4u];
+    }
+    return x[(t * params.cols + c) / 4u];
 }
 
 // Dequantizes unit u of the row once and applies it to every token of the tile.

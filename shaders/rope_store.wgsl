@@ -1,10 +1,13 @@
-// rope_store: rotate q and k of a fused qkv activation (HF rotate-half RoPE at positions
-// step.start + t), write k and v into this layer's KV cache, write the rotated q.
-// Bindings: params, step, qkv [tokens, (H + 2 KV) hd], rope [positions, hd] (cos | sin),
-//   k_cache / v_cache [KV, capacity, hd] (f32, or f16 pairs when kv_f16), q [tokens, H hd].
-// One thread per (token, head slot, 2 adjacent rotation pairs); head slots: H q, KV k, KV v.
-// Grid: n = ceil(tokens (H + 2 KV) hd / 4 / 64) folded as (min(n, 32768), ceil(n / 32768)).
-// x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin for (x1, x2) = (x[d], x[d + hd / 2]).
+// rope_store: rotate the first rotary_dim dims of each q and k head of a fused qkv activation (HF
+// rotate-half RoPE at positions step.start + t; rotary_dim = 0: no rotation), write k and v into
+// this layer's KV cache, write q.
+// Bindings: params, step, qkv [tokens, (H + 2 KV) hd], rope [positions, rotary_dim] (cos | sin;
+//   unread when rotary_dim = 0), k_cache / v_cache [KV, capacity, hd] (f32, or f16 pairs when
+//   kv_f16), q [tokens, H hd].
+// One thread per (token, head slot, 2 adjacent dims); head slots: H q, KV k, KV v.
+// Grid: n = ceil(tokens (H + 2 KV) hd / 2 / 64) folded as (min(n, 32768), ceil(n / 32768)).
+// With r = rotary_dim / 2: y[e] = x[e] cos - x[e + r] sin (e < r), x[e] cos + x[e - r] sin
+// (r <= e < 2r), x[e] (e >= 2r); cos and sin of column e % r at the position.
 
 struct Params {
     num_heads: u32,
@@ -12,7 +15,7 @@ struct Params {
     head_dim: u32,
     tokens: u32,
     capacity: u32,
-    _pad0: u32,
+    rotary_dim: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -55,45 +58,45 @@ fn store_v(i: u32, v: vec2<f32>) {
 // #endif
 }
 
+fn rotated(head: u32, e: u32, pos: u32) -> f32 {
+    let r = params.rotary_dim / 2u;
+    let x = qkv[head + e];
+    if (e >= 2u * r) {
+        return x;
+    }
+    let c = pos * params.rotary_dim + e % r;
+    if (e < r) {
+        return x * rope[c] - qkv[head + e + r] * rope[c + r];
+    }
+    return x * rope[c] + qkv[head + e - r] * rope[c + r];
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let hd = params.head_dim;
-    let half = hd / 2u;
-    let quarter = hd / 4u;
+    let pairs = hd / 2u;
     let slots = params.num_heads + 2u * params.num_kv_heads;
     let i = (wid.x + wid.y * nwg.x) * 64u + lid;
-    if (i >= params.tokens * slots * quarter) {
+    if (i >= params.tokens * slots * pairs) {
         return;
     }
-    let d = 2u * (i % quarter);
-    let s = (i / quarter) % slots;
-    let t = i / (quarter * slots);
+    let d = 2u * (i % pairs);
+    let s = (i / pairs) % slots;
+    let t = i / (pairs * slots);
     let pos = step.start + t;
-    let src = t * slots * hd + s * hd + d;
-    let x1 = vec2<f32>(qkv[src], qkv[src + 1u]);
-    let x2 = vec2<f32>(qkv[src + half], qkv[src + half + 1u]);
+    let head = t * slots * hd + s * hd;
     let kv_slot = s - params.num_heads;
     if (s >= params.num_heads + params.num_kv_heads) {
-        let dst = ((kv_slot - params.num_kv_heads) * params.capacity + pos) * hd + d;
-        store_v(dst, x1);
-        store_v(dst + half, x2);
+        store_v(((kv_slot - params.num_kv_heads) * params.capacity + pos) * hd + d, vec2<f32>(qkv[head + d], qkv[head + d + 1u]));
         return;
     }
-    let r = pos * hd + d;
-    let cos = vec2<f32>(rope[r], rope[r + 1u]);
-    let sin = vec2<f32>(rope[r + half], rope[r + half + 1u]);
-    let y1 = x1 * cos - x2 * sin;
-    let y2 = x2 * cos + x1 * sin;
+    let y = vec2<f32>(rotated(head, d, pos), rotated(head, d + 1u, pos));
     if (s < params.num_heads) {
         let dst = t * params.num_heads * hd + s * hd + d;
-        q[dst] = y1.x;
-        q[dst + 1u] = y1.y;
-        q[dst + half] = y2.x;
-        q[dst + half + 1u] = y2.y;
+        q[dst] = y.x;
+        q[dst + 1u] = y.y;
     } else {
-        let dst = (kv_slot * params.capacity + pos) * hd + d;
-        store_k(dst, y1);
-        store_k(dst + half, y2);
+        store_k((kv_slot * params.capacity + pos) * hd + d, y);
     }
 }

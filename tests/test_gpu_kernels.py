@@ -69,6 +69,32 @@ def test_norm_linear_fuses_rms_norm_into_the_product(gpu_ops, f16_ops, fmt, toke
     np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w_ref, b), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("rows,cols", [(37, 45), (2051, 40), (8195, 24), (19, 2100)])
+def test_silu_mul_is_fused_into_the_next_linear_as_one_dispatch(gpu_ops, f16_ops, fmt, tokens, rows, cols):
+    # Shapes reach matvec_sg with 1, 2 and 4 rows per subgroup and the workgroup matvec (> 2048 columns).
+    ops = gpu_ops if fmt == "f32" else f16_ops
+    rng = np.random.default_rng(rows + tokens)
+    h, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
+    w_ref = w if fmt == "f32" else f16_round(w)
+    gh, gr, gw = upload(ops, h), upload(ops, r), ops.weight(w, name="down")
+    before = ops.stats.dispatches
+    got = ops.linear(ops.silu_mul(gh), gw, residual=gr)
+    assert ops.stats.dispatches - before == 1, "silu_mul rides along with the linear"
+    np.testing.assert_allclose(ops.read(got), ref.linear(ref.silu_mul(h), w_ref, None, r), atol=1e-4, rtol=1e-4)
+
+
+def test_a_pending_silu_mul_is_computed_when_something_else_reads_it(gpu_ops):
+    rng = np.random.default_rng(12)
+    h = rand(rng, 2, 2 * 33)
+    pending = gpu_ops.silu_mul(upload(gpu_ops, h))
+    np.testing.assert_allclose(gpu_ops.read(gpu_ops.rms_norm(pending, gpu_ops.weight(np.ones(33, np.float32), name="n"), 1e-6)),
+                               ref.rms_norm(ref.silu_mul(h), np.ones(33, np.float32), 1e-6), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(gpu_ops.read(gpu_ops.rows(gpu_ops.silu_mul(upload(gpu_ops, h)), 1, 1)),
+                               ref.silu_mul(h)[1:], atol=1e-6, rtol=1e-5)
+
+
 def test_fused_weight_parts_are_stacked_along_rows(gpu_ops):
     rng = np.random.default_rng(1)
     parts = [rand(rng, 16, 24), rand(rng, 8, 24), rand(rng, 8, 24)]
@@ -105,7 +131,7 @@ def test_rms_norm_silu_mul_and_rows_match_numpy(gpu_ops):
 # ---------------------------------------------------------------- rope_store + attention
 
 
-def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0):
+def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0, window=None):
     """Run rope_store + attention for token counts ``steps`` on GPU and numpy; yield both outputs."""
     from kjarni.model import rope_table
 
@@ -123,23 +149,27 @@ def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, cap
     for tokens in steps:
         qkv = rand(rng, tokens, (heads + 2 * kv_heads) * head_dim)
         q = ops.rope_store(upload(ops, qkv), g_rope, gpu_cache, 1, start)
-        out = ops.read(ops.attention(q, gpu_cache, 1, start))
+        out = ops.read(ops.attention(q, gpu_cache, 1, start, window))
         q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU stores the cache in f16: give numpy the same values
             cpu_cache.keys[:] = f16_round(cpu_cache.keys)
             cpu_cache.values[:] = f16_round(cpu_cache.values)
-        yield ops.read(q), q_ref, out, ref.attention(q_ref, cpu_cache, 1, start)
+        yield ops.read(q), q_ref, out, ref.attention(q_ref, cpu_cache, 1, start, window)
         start += tokens
 
 
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
-def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_context, kv_format):
+@pytest.mark.parametrize("decode", ["single", "split"])
+@pytest.mark.parametrize("window", [None, 50])
+def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_context, kv_format, decode, window):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    # 37-token prefill (tiled kernel), single-token decode, 3-token verify (split kernel), then
+    if decode == "split":  # flash-decoding (attention_decode + attention_combine), as for long contexts
+        ops.attention_single_max = 0
+    # 37-token prefill (tiled kernel), single-token decode, 3-token verify (decode kernels), then
     # a long jump over several 64-position splits.
-    for q, q_ref, out, out_ref in _attention_case(ops, kv_format, [37, 1, 3, 70, 1]):
+    for q, q_ref, out, out_ref in _attention_case(ops, kv_format, [37, 1, 3, 70, 1], window=window):
         np.testing.assert_allclose(q, q_ref, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
 

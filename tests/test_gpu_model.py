@@ -90,9 +90,9 @@ def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp
     after = (stats.submits, stats.pooled_buffers, stats.bind_groups, stats.pipelines, len(gpu_ops.context._uniforms))
     assert after[0] - before[0] == 5, "one submit per decode step"
     assert after[1:] == before[1:], "a warm decode step creates no buffers, bind groups, pipelines or uniforms"
-    # embed + 8 per layer (norm+qkv, rope_store, attention x2, o_proj, norm+gate_up, silu_mul, down)
-    # + final norm with LM head + argmax x2
-    assert stats.last_dispatches == 1 + 8 * 3 + 1 + 2
+    # embed + 6 per layer (norm+qkv, rope_store, one-pass attention, o_proj+residual, norm+gate_up,
+    # silu_mul+down+residual) + final norm with LM head + argmax x2
+    assert stats.last_dispatches == 1 + 6 * 3 + 1 + 2
 
 
 def test_f16_weights_and_kv_cache_stay_close_to_numpy(tmp_path, wgpu_context):

@@ -165,10 +165,11 @@ class Harness:
         return np.frombuffer(self.device.queue.read_buffer(buf), dtype=np.float32)[:count].reshape(shape).copy()
 
     def linear(self, rw: quant.RepackedWeight, x, bias=None, residual=None, norm=None, eps=1e-5,
-               chunk_bytes: int | None = None) -> np.ndarray:
-        tokens, cols = x.shape
+               chunk_bytes: int | None = None, silu: bool = False) -> np.ndarray:
+        """``silu``: x is ``[tokens, 2 cols]`` = ``[gate | up]`` (flags bit 3)."""
+        tokens, cols = x.shape[0], rw.cols
         rows = rw.rows
-        flags = (bias is not None) | (residual is not None) << 1 | (norm is not None) << 2
+        flags = (bias is not None) | (residual is not None) << 1 | (norm is not None) << 2 | int(silu) << 3
         dummy = np.zeros(4, np.float32)
         y0 = residual if residual is not None else np.full((tokens, rows), np.nan, np.float32)
         y = self.storage(np.zeros_like(y0))
@@ -249,6 +250,22 @@ def test_linear_kernel_matches_numpy_with_and_without_bias_residual_norm(qtype, 
     norm = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     assert_close(h.linear(rw, x), reference_linear(w, x))
     assert_close(h.linear(rw, x, bias, residual, norm), reference_linear(w, x, bias, residual, norm))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_linear_kernel_applies_silu_of_gate_times_up_with_flag_bit_3(qtype, tokens):
+    h = harness()
+    rows, cols = odd_shape(qtype)
+    qt = random_quant(qtype, rows, cols, seed=7)
+    rng = np.random.default_rng(7)
+    gate_up = rng.standard_normal((tokens, 2 * cols)).astype(np.float32)
+    residual = rng.standard_normal((tokens, rows)).astype(np.float32)
+    gate, up = gate_up[:, :cols], gate_up[:, cols:]
+    x = gate / (np.float32(1) + np.exp(-gate)) * up
+    got = h.linear(quant.repack(qt), gate_up, residual=residual, silu=True)
+    assert_close(got, reference_linear(qt.dequantize(), x, residual=residual))
 
 
 @pytest.mark.gpu

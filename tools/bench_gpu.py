@@ -10,6 +10,7 @@ times Hugging Face transformers (eager, f16, random weights) on the same shapes.
     python tools/bench_gpu.py                      # Qwen2.5-0.5B shape, f16 + Q8_0 + Q4_K
     python tools/bench_gpu.py --model all          # + SmolLM2-135M and Qwen2.5-1.5B shapes
     python tools/bench_gpu.py --small              # a quick check on a CPU adapter (lavapipe)
+    python tools/bench_gpu.py --prefill-only --no-torch   # prefill tok/s + GPU time per kernel
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     model = build(shape, fmt, ops)
     load_s = time.perf_counter() - t0
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
-    capacity = context + 3 * steps + 8
+    capacity = context + 4 * steps + 24
 
     # Warm-up: compile every pipeline used by prefill and decode.
     cache = model.new_cache(capacity)
@@ -146,11 +147,24 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     overlapped_s = time.perf_counter() - t0
     ctx.submit_every = None
 
-    # CPU cost of recording one step (no submit): what a faster GPU cannot hide.
+    # CPU cost of recording one step (no submit): what a faster GPU cannot hide. Median of 9.
+    records = []
+    for _ in range(9):
+        t0 = time.perf_counter()
+        logits = model.forward([token], cache)
+        records.append(time.perf_counter() - t0)
+        token = int(ops.argmax(logits)[0])
+    record_s = float(np.median(records))
+
+    # The same decode with flash-decoding (attention_decode + attention_combine) instead of the
+    # one-pass attention_single, for comparison at this context.
+    ops.attention_single_max = 0
+    token = int(ops.argmax(model.forward([token], cache))[0])
     t0 = time.perf_counter()
-    logits = model.forward([token], cache)
-    record_s = time.perf_counter() - t0
-    int(ops.argmax(logits)[0])
+    for _ in range(steps):
+        token = int(ops.argmax(model.forward([token], cache))[0])
+    split_s = time.perf_counter() - t0
+    del ops.attention_single_max  # back to the class default
 
     result = {
         "shape": shape, "format": fmt, "context": context,
@@ -158,6 +172,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
         "decode_tok_s": round(steps / decode_s, 1),
         "decode_ms": round(1000 * decode_s / steps, 3),
         "decode_tok_s_submit_every_48": round(steps / overlapped_s, 1),
+        "decode_tok_s_split_attention": round(steps / split_s, 1),
         "record_ms_per_step": round(1000 * record_s, 3),
         "dispatches_per_step": dispatches,
         "weight_mb": round(ops.weight_bytes / 2**20, 1),
@@ -181,6 +196,39 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
         except Exception as exc:  # timestamps are optional
             ctx._profile = None
             result["kernels_us"] = f"unavailable: {exc}"
+    del model, cache
+    return result
+
+
+def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> dict:
+    """Prefill only: best of ``repeats`` timed prompts, and GPU time per kernel of one prefill."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(ctx, weight_format="f16")
+    model = build(shape, fmt, ops)
+    prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
+    cache = model.new_cache(context + 8)
+    int(ops.argmax(model.forward(prompt, cache))[0])  # compiles every prefill pipeline
+    times = []
+    for _ in range(repeats):
+        cache.offset = 0
+        t0 = time.perf_counter()
+        int(ops.argmax(model.forward(prompt, cache))[0])
+        times.append(time.perf_counter() - t0)
+    result = {"shape": shape, "format": fmt, "context": context, "prefill_tok_s": round(context / min(times), 1),
+              "prefill_ms": round(1000 * min(times), 2)}
+    if ctx.has_timestamps:
+        cache.offset = 0
+        ctx.profile(True)
+        int(ops.argmax(model.forward(prompt, cache))[0])
+        kernel_times, counts = defaultdict(float), defaultdict(int)
+        for name, seconds in ctx.stats.kernel_times:
+            kernel_times[name] += seconds
+            counts[name] += 1
+        ctx.profile(False)
+        result["gpu_ms"] = round(1e3 * sum(kernel_times.values()), 3)
+        result["kernels_us"] = {k: {"us": round(1e6 * v, 1), "n": counts[k]}
+                                for k, v in sorted(kernel_times.items(), key=lambda kv: -kv[1])}
     del model, cache
     return result
 
@@ -246,6 +294,7 @@ def main() -> None:
     parser.add_argument("--adapter", default=None, help="substring of the adapter name")
     parser.add_argument("--small", action="store_true", help="a tiny shape, short context (CPU adapters)")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--prefill-only", action="store_true", help="time prefill only, with GPU time per kernel")
     args = parser.parse_args()
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
@@ -261,7 +310,8 @@ def main() -> None:
     for shape in shapes:
         for fmt in args.formats.split(","):
             try:
-                report["results"].append(bench_gpu(shape, fmt.strip(), args.context, args.steps, ctx))
+                report["results"].append(bench_prefill(shape, fmt.strip(), args.context, ctx) if args.prefill_only
+                                          else bench_gpu(shape, fmt.strip(), args.context, args.steps, ctx))
             except Exception as exc:
                 report["results"].append({"shape": shape, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
             print(json.dumps(report["results"][-1]), file=sys.stderr, flush=True)

@@ -11,7 +11,6 @@ models (each a `WgpuOps`) may share one context.
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -27,6 +26,23 @@ UNIFORM = BU.UNIFORM | BU.COPY_DST
 
 _ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+
+try:
+    # Recording calls straight into wgpu-native. wgpu-py's wrappers build a cffi array for the
+    # (always empty) dynamic offsets and capture errors around every call, about 5 us per
+    # dispatch in Python; a decode step records ~150 dispatches. Pass-recording errors surface at
+    # `finish` anyway. Falls back to the public API if wgpu-py's internals move.
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi
+    from wgpu.backends.wgpu_native._ffi import lib as _lib
+
+    _RAW_RECORDING: tuple | None = (
+        _lib.wgpuComputePassEncoderSetPipeline,
+        _lib.wgpuComputePassEncoderSetBindGroup,
+        _lib.wgpuComputePassEncoderDispatchWorkgroups,
+        _ffi.NULL,
+    )
+except Exception:  # another backend or a changed wgpu-py: use the public API
+    _RAW_RECORDING = None
 
 
 def _describe(adapter: Any) -> str:
@@ -86,13 +102,23 @@ class Stats:
 
 
 class Scratch:
-    """A pooled activation buffer; returned to the pool when the last handle using it goes away."""
+    """A pooled activation buffer; returned to the pool when the last handle using it goes away.
 
-    __slots__ = ("buffer", "size", "__weakref__")
+    ``__del__`` (CPython frees on the last reference) rather than ``weakref.finalize``, which
+    costs several microseconds per activation on the decode hot path.
+    """
 
-    def __init__(self, buffer: Any, size: int) -> None:
+    __slots__ = ("buffer", "size", "_free", "__weakref__")
+
+    def __init__(self, buffer: Any, size: int, free: list | None = None) -> None:
         self.buffer = buffer
         self.size = size
+        self._free = free
+
+    def __del__(self) -> None:
+        free = self._free
+        if free is not None:
+            free.append(self.buffer)
 
 
 class WgpuContext:
@@ -103,6 +129,7 @@ class WgpuContext:
     limit (tests use it to exercise the split of large weights across bindings).
     ``submit_every``: submit after this many recorded dispatches so the GPU starts on the first
     layers while Python records the rest (default None: one submit per read, i.e. per step).
+    ``raw_recording``: record dispatches through wgpu-native directly (False: wgpu-py's API).
     Raises `GpuUnavailableError` when no adapter or device can be had.
     """
 
@@ -114,6 +141,7 @@ class WgpuContext:
         max_binding_size: int | None = None,
         use_subgroups: bool = True,
         submit_every: int | None = None,
+        raw_recording: bool = True,
     ) -> None:
         self.adapter = find_adapter(adapter_name, backend)
         self.info = dict(self.adapter.info)
@@ -150,7 +178,9 @@ class WgpuContext:
         self._pool: dict[int, list[Any]] = {}
         self._encoder: Any = None
         self._pass: Any = None
+        self._pass_handle: Any = None
         self._pipeline_in_pass: Any = None
+        self._raw = _RAW_RECORDING if raw_recording else None
         self._staging: Any = None
         self._step_values: dict[str, bytes] = {}
         self._step_used: set[str] = set()
@@ -190,16 +220,16 @@ class WgpuContext:
                     f"an activation of {nbytes} bytes exceeds this GPU's storage binding limit of "
                     f"{self.max_binding_size} bytes; use fewer tokens per forward (or logits='last')"
                 )
-        free = self._pool.setdefault(size, [])
+        free = self._pool.get(size)
+        if free is None:
+            free = self._pool[size] = []
         if free:
             buffer = free.pop()
         else:
             buffer = self.device.create_buffer(size=size, usage=STORAGE, label=f"scratch{size}")
             self.stats.pooled_buffers += 1
             self.stats.pooled_bytes += size
-        item = Scratch(buffer, size)
-        weakref.finalize(item, free.append, buffer)
-        return item
+        return Scratch(buffer, size, free)
 
     def uniform(self, data: bytes) -> Any:
         """A uniform buffer holding ``data``, created once per distinct content."""
@@ -309,7 +339,11 @@ class WgpuContext:
 
     def dispatch(self, pipeline: Any, buffers: Sequence[Any], grid: tuple[int, int, int]) -> None:
         """Record one dispatch of ``pipeline`` over ``grid`` with ``buffers`` bound in order."""
-        group = self.bind_group(pipeline, buffers)
+        self.dispatch_group(pipeline, self.bind_group(pipeline, buffers), grid)
+
+    def dispatch_group(self, pipeline: Any, group: Any, grid: tuple[int, int, int]) -> None:
+        """Record one dispatch of ``pipeline`` with a bind group from `bind_group` (the hot path:
+        callers that cache their bind group skip building the buffer key)."""
         if self._profile is not None:
             self._dispatch_profiled(pipeline, group, grid)
             return
@@ -317,15 +351,26 @@ class WgpuContext:
             if self._encoder is None:
                 self._encoder = self.device.create_command_encoder()
             self._pass = self._encoder.begin_compute_pass()
+            self._pass_handle = self._pass._internal if self._raw else None
             self._pipeline_in_pass = None
-        if self._pipeline_in_pass is not pipeline:
-            self._pass.set_pipeline(pipeline)
-            self._pipeline_in_pass = pipeline
-        self._pass.set_bind_group(0, group)
-        self._pass.dispatch_workgroups(*grid)
-        self.stats.dispatches += 1
-        self.stats.pending_dispatches += 1
-        if self.submit_every and self.stats.pending_dispatches >= self.submit_every:
+        raw = self._raw
+        if raw is not None:
+            handle = self._pass_handle
+            if self._pipeline_in_pass is not pipeline:
+                raw[0](handle, pipeline._internal)
+                self._pipeline_in_pass = pipeline
+            raw[1](handle, 0, group._internal, 0, raw[3])
+            raw[2](handle, grid[0], grid[1], grid[2])
+        else:
+            if self._pipeline_in_pass is not pipeline:
+                self._pass.set_pipeline(pipeline)
+                self._pipeline_in_pass = pipeline
+            self._pass.set_bind_group(0, group)
+            self._pass.dispatch_workgroups(*grid)
+        stats = self.stats
+        stats.dispatches += 1
+        stats.pending_dispatches += 1
+        if self.submit_every and stats.pending_dispatches >= self.submit_every:
             self.flush()
 
     def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, size: int) -> None:
@@ -339,6 +384,7 @@ class WgpuContext:
         if self._pass is not None:
             self._pass.end()
             self._pass = None
+            self._pass_handle = None
 
     def flush(self) -> None:
         """Submit everything recorded so far (no readback)."""

@@ -20,10 +20,13 @@ from kjarni.gpu import kernels
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.params import (
     ATTENTION,
+    ELEMENTWISE,
+    LAYER_NORM,
     LINEAR,
     LINEAR_BIAS,
     LINEAR_NORM,
     LINEAR_RESIDUAL,
+    LINEAR_SILU,
     RMS_NORM,
     ROPE_STORE,
     SELECT,
@@ -40,9 +43,13 @@ ATTENTION_KINDS = ("uniform", "uniform", "read", "read", "read", "rw")
 COMBINE_KINDS = ("uniform", "uniform", "read", "rw")
 SELECT_KINDS = ("uniform", "read", "rw", "rw")
 RMS_KINDS = ("uniform", "read", "read", "rw")
+LAYER_NORM_KINDS = ("uniform", "read", "read", "read", "rw")
 SILU_KINDS = ("uniform", "read", "rw")
+ADD_KINDS = ("uniform", "read", "read", "rw")
 
 DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
+SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
+SINGLE_WG = 512  # threads of attention_single
 MAX_TOP_K = 256  # larger k reads the row back and selects on the CPU
 
 
@@ -64,6 +71,36 @@ class GpuTensor:
 
     def __repr__(self) -> str:
         return f"GpuTensor{self.shape}"
+
+
+class _SiluMulPending(GpuTensor):
+    """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
+    it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
+    values (``buffer``, ``scratch``) runs the silu_mul kernel first, at that point of the recording."""
+
+    __slots__ = ("source", "_ops", "_done")
+
+    def __init__(self, ops: "WgpuOps", source: GpuTensor) -> None:  # noqa: UP037 (defined below)
+        self.source = source
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (source.shape[0], source.shape[1] // 2)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._silu_mul_now(self.source)
+        return self._done
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (silu_mul pending)"
 
 
 @dataclass(eq=False)
@@ -90,6 +127,7 @@ class GpuWeight:
     nbytes: int
     buffer: Any = None
     segments: list[_Segment] = field(default_factory=list)
+    plans: dict = field(default_factory=dict, repr=False)  # WgpuOps._linear: dispatch plans per use
 
     @property
     def formats(self) -> list[str]:
@@ -134,8 +172,14 @@ class WgpuOps:
 
     name = "gpu"
     matvec_max_tokens = 4  # up to this many tokens the matrix-vector kernels run, else tiled matmul
+    matmul_min_big_tiles = 1024  # prefill uses 128x128 tiles when it gets this many, else 64x64
+    matmul_split_k_below = 512  # fewer 64x64 tiles than this: 4 thread groups split K in each
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
+    matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
+    matvec_subgroup_threads = 256  # workgroup size of matvec_sg (8 subgroups of 32)
+    fuse_silu = True  # decode: silu_mul is applied inside the following linear (LINEAR_SILU)
+    attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
 
     def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
         if weight_format not in ("f16", "f32"):
@@ -148,7 +192,9 @@ class WgpuOps:
         self.kv_format = kv_format
         self.weight_bytes = 0
         self._noticed: set[str] = set()
-        self._plans: dict[tuple, Any] = {}
+        self._plans: dict[tuple, Any] = {}  # small ops: (pipelines, uniforms, grids) per shape
+        self._step_start = -1
+        self._step_bytes = b""
 
     @property
     def stats(self) -> Stats:
@@ -165,7 +211,7 @@ class WgpuOps:
         if all(isinstance(p, np.ndarray) and p.ndim == 1 for p in parts):
             vector = np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
             return self._register(GpuWeight(name, "vector", vector.shape, vector.nbytes, buffer=ctx.upload(vector, name)))
-        if name == "rope" or name.endswith(".rope"):
+        if name == "rope" or name.startswith("rope.") or name.endswith(".rope"):
             table = np.ascontiguousarray(np.concatenate([np.asarray(p, np.float32) for p in parts]))
             return self._register(GpuWeight(name, "table", table.shape, table.nbytes, buffer=ctx.upload(table, name)))
         segments: list[_Segment] = []
@@ -269,7 +315,10 @@ class WgpuOps:
         if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
             raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
         tokens = int(ids.size)
-        id_buffer = ctx.step_buffer("ids", ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384)
+        # One ids buffer per table: GPT-2 gathers token and position rows in the same step.
+        id_buffer = ctx.step_buffer(
+            "ids:" + table.name, ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384
+        )
         out = self._new(tokens, cols)
         for seg in table.segments:
             pipeline = self._pipeline(seg, seg.embed_kernel, EMBED_KINDS, "main")
@@ -286,6 +335,15 @@ class WgpuOps:
         ctx.dispatch(pipeline, (params, x.buffer, weight.buffer, out.buffer), (tokens, 1, 1))
         return out
 
+    def layer_norm(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight, eps: float) -> GpuTensor:
+        ctx = self.context
+        tokens, cols = x.shape
+        out = self._new(tokens, cols)
+        pipeline = ctx.pipeline("layer_norm", LAYER_NORM_KINDS)
+        params = ctx.uniform(LAYER_NORM.pack(cols=cols, tokens=tokens, eps=eps))
+        ctx.dispatch(pipeline, (params, x.buffer, weight.buffer, bias.buffer, out.buffer), (tokens, 1, 1))
+        return out
+
     def linear(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight | None = None, residual: GpuTensor | None = None) -> GpuTensor:
         return self._linear(x, weight, bias, residual, None, 0.0)
 
@@ -293,6 +351,37 @@ class WgpuOps:
         return self._linear(x, weight, bias, None, norm_weight, eps)
 
     def _linear(self, x, weight, bias, residual, norm_weight, eps) -> GpuTensor:
+        # The hot path of a decode step (4 of its 6 dispatches per layer): everything that depends
+        # only on the shapes and weights is planned once and kept on the weight; the bind groups
+        # are cached per (x, residual, y) buffers, which repeat step after step (pooled).
+        ctx = self.context
+        tokens = x.shape[0]
+        silu = type(x) is _SiluMulPending and self._silu_fusable(weight, tokens)
+        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu)
+        plan = weight.plans.get(key)
+        if plan is None:
+            plan = weight.plans[key] = self._plan_linear(x, weight, bias, residual, norm_weight, eps, silu)
+        dispatches, groups, rows, common = plan
+        x_buffer = x.source.buffer if silu else x.buffer
+        out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
+        r_buffer = residual.buffer if residual is not None else None
+        bound = groups.get((x_buffer, r_buffer, out.buffer))
+        if bound is None:
+            bias_buffer, norm_buffer, _, _ = common
+            bound = groups[(x_buffer, r_buffer, out.buffer)] = [
+                ctx.bind_group(pipeline, (params, x_buffer, w_a, w_b, bias_buffer, r_buffer or ctx.dummy, norm_buffer, out.buffer))
+                for pipeline, params, _, w_a, w_b in dispatches
+            ]
+        for (pipeline, _, grid, _, _), group in zip(dispatches, bound):
+            ctx.dispatch_group(pipeline, group, grid)
+        return out
+
+    def _silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
+        """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``)."""
+        return tokens <= self.matvec_max_tokens and weight.kind == "matrix"
+
+    def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool) -> tuple:
+        """(dispatches [(pipeline, params, grid, w_a, w_b)], bind group cache, rows, (bias, norm) buffers)."""
         ctx = self.context
         tokens, cols = x.shape
         rows = weight.shape[0]
@@ -302,23 +391,19 @@ class WgpuOps:
             (LINEAR_BIAS if bias is not None else 0)
             | (LINEAR_RESIDUAL if residual is not None else 0)
             | (LINEAR_NORM if norm_weight is not None else 0)
+            | (LINEAR_SILU if silu else 0)
         )
-        out = self._new(tokens, rows)
-        dummy = ctx.dummy
-        common = (
-            bias.buffer if bias is not None else dummy,
-            residual.buffer if residual is not None else dummy,
-            norm_weight.buffer if norm_weight is not None else dummy,
-        )
+        dispatches = []
         for seg in weight.segments:
-            key = (id(seg), tokens, flags, eps)
-            plan = self._plans.get(key)
-            if plan is None:
-                # (pipeline, params uniform, grid, seg): seg stays referenced while its id is a key
-                plan = self._plans[key] = (*self._linear_plan(seg, cols, rows, tokens, flags, eps), seg)
-            pipeline, params, grid, _ = plan
-            ctx.dispatch(pipeline, (params, x.buffer, seg.w_a, seg.w_b, *common, out.buffer), grid)
-        return out
+            pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
+            dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b))
+        common = (
+            bias.buffer if bias is not None else ctx.dummy,
+            norm_weight.buffer if norm_weight is not None else ctx.dummy,
+            bias,  # held so that their ids in the plan key stay theirs
+            norm_weight,
+        )
+        return dispatches, {}, rows, common
 
     def _linear_plan(self, seg: _Segment, cols: int, rows: int, tokens: int, flags: int, eps: float):
         from kjarni.gpu import quant
@@ -327,9 +412,26 @@ class WgpuOps:
         params = ctx.uniform(
             LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
         )
+        if tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower()):
+            # Register-tiled prefill (matmul_body.wgsl), every format: 128x128 output tiles only
+            # when there are many (less L2 traffic, little wave tail), else 64x64; few 64x64 tiles
+            # (o_proj, down_proj) split K over 4 thread groups so each SM gets more warps.
+            tx = 16 if -(-seg.rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles else 8
+            few = -(-seg.rows // 64) * -(-tokens // 64) < self.matmul_split_k_below
+            ksplit = 4 if tx == 8 and few and cols >= 256 else 1
+            pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants={"TX": tx, "KSPLIT": ksplit})
+            return pipeline, params, (-(-seg.rows // (8 * tx)), -(-tokens // (8 * tx)), 1)
         if not seg.dense:
             pipeline = self._pipeline(seg, seg.linear_kernel, LINEAR_KINDS, "main")
             return pipeline, params, (quant.workgroup_count(seg.rows, subgroups=ctx.has_subgroups), 1, 1)
+        if tokens <= self.matvec_max_tokens and ctx.has_subgroups and -(-cols // 8) <= self.matvec_subgroup_max_chunks:
+            # Rows of up to a few thousand columns: one subgroup per 1, 2 or 4 rows (more rows per
+            # subgroup only where there are rows enough to keep every SM busy), no barriers.
+            r = 4 if seg.rows >= 8192 else 2 if seg.rows >= 2048 else 1
+            threads = self.matvec_subgroup_threads
+            constants = {"R": r, "WG": threads}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_sg", constants=constants)
+            return pipeline, params, _fold(-(-(-(-seg.rows // r)) // (threads // 32)))
         if tokens <= self.matvec_max_tokens:
             chunks = -(-cols // 8)
             threads = max(64, min(self.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
@@ -350,7 +452,9 @@ class WgpuOps:
 
         return ctx.pipeline(kernel, kinds, entry=entry, source=source, flags=("quant",))
 
-    def rope_store(self, qkv: GpuTensor, rope: GpuWeight, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+    def rope_store(
+        self, qkv: GpuTensor, rope: GpuWeight | None, kv_cache: WgpuKVCache, layer: int, start: int
+    ) -> GpuTensor:
         ctx = self.context
         tokens, width = qkv.shape
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
@@ -361,17 +465,33 @@ class WgpuOps:
                 tokens=start + tokens,
                 context=kv_cache.capacity,
             )
-        if rope.kind != "table" or start + tokens > rope.shape[0]:
+        if rope is not None and (rope.kind != "table" or start + tokens > rope.shape[0] or rope.shape[1] > hd):
             raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
-        step = ctx.step_buffer("start", STEP.pack(start=start))
+        step = self._step(start)
+        rotary_dim = 0 if rope is None else rope.shape[1]
+        key = ("rope_store", tokens, heads, kv, hd, kv_cache.capacity, rotary_dim, kv_cache.kv_format)
+        plan = self._plans.get(key)
+        if plan is None:
+            params = ctx.uniform(
+                ROPE_STORE.pack(
+                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                    rotary_dim=rotary_dim,
+                )
+            )
+            pipeline = ctx.pipeline("rope_store", ROPE_KINDS, flags=self._kv_flags(kv_cache))
+            plan = self._plans[key] = (pipeline, params, _fold(-(-tokens * (heads + 2 * kv) * (hd // 2) // 64)))
+        pipeline, params, grid = plan
         q = self._new(tokens, heads * hd)
-        params = ctx.uniform(
-            ROPE_STORE.pack(num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity)
-        )
-        pipeline = ctx.pipeline("rope_store", ROPE_KINDS, flags=self._kv_flags(kv_cache))
-        buffers = (params, step, qkv.buffer, rope.buffer, kv_cache.keys[layer], kv_cache.values[layer], q.buffer)
-        ctx.dispatch(pipeline, buffers, _fold(-(-tokens * (heads + 2 * kv) * (hd // 4) // 64)))
+        table = ctx.dummy if rope is None else rope.buffer
+        buffers = (params, step, qkv.buffer, table, kv_cache.keys[layer], kv_cache.values[layer], q.buffer)
+        ctx.dispatch(pipeline, buffers, grid)
         return q
+
+    def _step(self, start: int) -> Any:
+        """The per-step uniform holding ``start`` (packed once per step, shared by every layer)."""
+        if start != self._step_start:
+            self._step_start, self._step_bytes = start, STEP.pack(start=start)
+        return self.context.step_buffer("start", self._step_bytes)
 
     def _subgroup_flag(self) -> frozenset[str]:
         return frozenset({"subgroup"}) if self.context.has_subgroups else frozenset()
@@ -380,23 +500,37 @@ class WgpuOps:
     def _kv_flags(kv_cache: WgpuKVCache) -> tuple[str, ...]:
         return ("kv_f16",) if kv_cache.kv_format == "f16" else ()
 
-    def attention(self, q: GpuTensor, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+    def attention(
+        self, q: GpuTensor, kv_cache: WgpuKVCache, layer: int, start: int, window: int | None = None
+    ) -> GpuTensor:
         ctx = self.context
         tokens, width = q.shape
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
         heads = width // hd
-        step = ctx.step_buffer("start", STEP.pack(start=start))
+        step = self._step(start)
         max_splits = -(-kv_cache.capacity // DECODE_CHUNK)
-        params = ctx.uniform(
-            ATTENTION.pack(
-                num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
-                max_splits=max_splits, scale=float(np.float32(1.0 / np.sqrt(hd))),
+        key = ("attention", tokens, heads, kv, hd, kv_cache.capacity, window or 0)
+        params = self._plans.get(key)
+        if params is None:
+            params = self._plans[key] = ctx.uniform(
+                ATTENTION.pack(
+                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                    max_splits=max_splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
+                )
             )
-        )
         flags = self._kv_flags(kv_cache)
         out = self._new(tokens, width)
         k_buf, v_buf = kv_cache.keys[layer], kv_cache.values[layer]
-        if tokens <= self.matvec_max_tokens:
+        span = start + tokens if not window else min(start + tokens, window)  # keys a query row sees
+        if tokens <= self.matvec_max_tokens and span <= min(self.attention_single_max, SINGLE_MAX_KEYS):
+            # Short context: one workgroup per (head, row) over all its keys, one dispatch.
+            single = self._plans.get(("attention_single", hd, flags))
+            if single is None:
+                single = self._plans[("attention_single", hd, flags)] = ctx.pipeline(
+                    "attention_single", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd, "WG": SINGLE_WG}
+                )
+            ctx.dispatch(single, (params, step, q.buffer, k_buf, v_buf, out.buffer), (heads, tokens, 1))
+        elif tokens <= self.matvec_max_tokens:
             # Flash-decoding: chunks of DECODE_CHUNK positions in parallel, then one merge.
             partial = ctx.scratch(tokens * heads * max_splits * (hd + 2) * 4)
             decode = ctx.pipeline(
@@ -419,12 +553,41 @@ class WgpuOps:
         return out
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:
+        if self.fuse_silu and x.shape[0] <= self.matvec_max_tokens and type(x) is GpuTensor:
+            return _SiluMulPending(self, x)  # the next linear applies it while loading (LINEAR_SILU)
+        return self._silu_mul_now(x)
+
+    def _silu_mul_now(self, x: GpuTensor) -> GpuTensor:
         ctx = self.context
         tokens, width = x.shape
         half = width // 2
+        key = ("silu_mul", tokens, half)
+        plan = self._plans.get(key)
+        if plan is None:
+            params = ctx.uniform(SILU_MUL.pack(half=half, tokens=tokens))
+            plan = self._plans[key] = (ctx.pipeline("silu_mul", SILU_KINDS), params, _fold(-(-tokens * half // 64)))
+        pipeline, params, grid = plan
         out = self._new(tokens, half)
-        params = ctx.uniform(SILU_MUL.pack(half=half, tokens=tokens))
-        ctx.dispatch(ctx.pipeline("silu_mul", SILU_KINDS), (params, x.buffer, out.buffer), _fold(-(-tokens * half // 64)))
+        ctx.dispatch(pipeline, (params, x.buffer, out.buffer), grid)
+        return out
+
+    def gelu(self, x: GpuTensor) -> GpuTensor:
+        ctx = self.context
+        tokens, width = x.shape
+        out = self._new(tokens, width)
+        params = ctx.uniform(ELEMENTWISE.pack(count=tokens * width))
+        ctx.dispatch(ctx.pipeline("gelu", SILU_KINDS), (params, x.buffer, out.buffer), _fold(-(-tokens * width // 64)))
+        return out
+
+    def add(self, a: GpuTensor, b: GpuTensor) -> GpuTensor:
+        ctx = self.context
+        if a.shape != b.shape:
+            raise InvalidConfigurationError(f"add: shapes {a.shape} and {b.shape} differ")
+        tokens, width = a.shape
+        out = self._new(tokens, width)
+        params = ctx.uniform(ELEMENTWISE.pack(count=tokens * width))
+        buffers = (params, a.buffer, b.buffer, out.buffer)
+        ctx.dispatch(ctx.pipeline("add", ADD_KINDS), buffers, _fold(-(-tokens * width // 64)))
         return out
 
     def rows(self, x: GpuTensor, first: int, count: int) -> GpuTensor:

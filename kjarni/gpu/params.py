@@ -44,19 +44,26 @@ LINEAR = _layout(
     "LinearParams", "rows:u32 cols:u32 tokens:u32 flags:u32 row_offset:u32 y_stride:u32 eps:f32 _pad:u32"
 )
 """The linear family (every weight format): docs/gpu-kernels.md."""
-LINEAR_BIAS, LINEAR_RESIDUAL, LINEAR_NORM = 1, 2, 4
-"""``LINEAR.flags`` bits."""
+LINEAR_BIAS, LINEAR_RESIDUAL, LINEAR_NORM, LINEAR_SILU = 1, 2, 4, 8
+"""``LINEAR.flags`` bits. ``LINEAR_SILU``: x is ``[tokens, 2 cols]`` = ``[gate | up]`` and the kernel
+multiplies by ``silu(gate) * up`` (silu_mul fused into the down projection)."""
 
 EMBED = LINEAR
 """The embedding gather family uses the linear Params (flags, y_stride, eps unused)."""
 RMS_NORM = _layout("RmsNormParams", "cols:u32 tokens:u32 eps:f32 _pad:u32")
 SILU_MUL = _layout("SiluMulParams", "half:u32 tokens:u32 _pad0:u32 _pad1:u32")
+LAYER_NORM = _layout("LayerNormParams", "cols:u32 tokens:u32 eps:f32 _pad:u32")
+ELEMENTWISE = _layout("ElementwiseParams", "count:u32 _pad0:u32 _pad1:u32 _pad2:u32")
+"""gelu and add: ``count`` values of the activation(s)."""
 ROPE_STORE = _layout(
-    "RopeStoreParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 _pad0:u32 _pad1:u32 _pad2:u32"
+    "RopeStoreParams",
+    "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 rotary_dim:u32 _pad1:u32 _pad2:u32",
 )
+"""``rotary_dim``: dims of each head that rotate (the rope table's width); 0 stores without rotation."""
 ATTENTION = _layout(
-    "AttentionParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 max_splits:u32 scale:f32 _pad:u32"
+    "AttentionParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 max_splits:u32 scale:f32 window:u32"
 )
+"""``window``: sliding attention window (0: none); position p sees keys p - window < k <= p."""
 SELECT = _layout("SelectParams", "cols:u32 tokens:u32 chunks:u32 k:u32")
 """argmax and top_k."""
 
@@ -70,14 +77,18 @@ KERNEL_PARAMS: dict[str, ParamsLayout] = {
     "embed_f16": EMBED,
     "rms_norm": RMS_NORM,
     "silu_mul": SILU_MUL,
+    "layer_norm": LAYER_NORM,
+    "gelu": ELEMENTWISE,
+    "add": ELEMENTWISE,
     "rope_store": ROPE_STORE,
     "attention_decode": ATTENTION,
     "attention_combine": ATTENTION,
     "attention_prefill": ATTENTION,
+    "attention_single": ATTENTION,
     "argmax": SELECT,
     "top_k": SELECT,
 }
 """Shader file stem -> the layout of its ``struct Params`` (quantized kernels use LINEAR / EMBED)."""
 
-STEP_KERNELS = ("rope_store", "attention_decode", "attention_combine", "attention_prefill")
+STEP_KERNELS = ("rope_store", "attention_decode", "attention_combine", "attention_prefill", "attention_single")
 """Kernels that also declare ``struct Step``."""

@@ -1,0 +1,31 @@
+// matmul_q5_0: prefill y = rms_norm?(x) @ W.T (+ bias) (+ residual) for many tokens, W a Q5_0 weight kept
+// quantized (layout: kjarni/gpu/quant.py); each 8-value chunk is dequantized to f32 while it is staged
+// into workgroup memory (f32 math and accumulation). cols is a multiple of 32.
+// Bindings and Params: the linear family (docs/gpu-kernels.md): w_a packed quants, w_b scales.
+// Entry point `main`, override TX (8 or 16); grid (ceil(rows / 8 TX), ceil(tokens / 8 TX)):
+// matmul_body.wgsl.
+
+@group(0) @binding(2) var<storage, read> w_a: array<u32>;
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;
+
+// Bits 0..3 of h as the fifth bit (16) of four values.
+fn high4(h: u32) -> vec4<u32> {
+    return (vec4<u32>(h, h >> 1u, h >> 2u, h >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
+}
+
+// Q5_0: 5 words per block (qs as Q4_0, then qh: bit j is value j's fifth bit); d as f16 pairs.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let nb = params.cols / 32u;
+    let blk = c8 / 4u;
+    let part = c8 % 4u;
+    let base = row * (nb * 5u) + blk * 5u;
+    let a = base + (part % 2u) * 2u;
+    let shift = (part / 2u) * 4u;
+    let qh = w_a[base + 4u] >> (8u * part);
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
+    let q0 = vec4<f32>(unpack4xU8((w_a[a] >> shift) & 0x0F0F0F0Fu) | high4(qh)) - 16.0;
+    let q1 = vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu) | high4(qh >> 4u)) - 16.0;
+    return W8(d * q0, d * q1);
+}
+
+// #include matmul_body.wgsl

@@ -1,0 +1,132 @@
+"""The register-tiled prefill matmul (shaders/matmul_*.wgsl) against numpy, in every tile variant.
+
+`WgpuOps` routes linear ops of more than `matvec_max_tokens` tokens to ``matmul_<format>``; its
+three variants (128x128 tiles, 64x64 tiles, 64x64 tiles with K split over 4 thread groups) are
+forced through the selection thresholds. Shapes are odd on purpose: tokens, rows and cols that
+are not multiples of any tile, cols not a multiple of 4 or 8 (zero padding, x tails).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from kjarni.numpy_ops import NumpyOps
+from tests.test_gpu_quant import random_quant
+
+pytestmark = pytest.mark.gpu
+
+ref = NumpyOps()
+T = gguf.GGMLQuantizationType
+
+# (matmul_min_big_tiles, matmul_split_k_below) forcing each variant
+VARIANTS = {"tile128": (0, 0), "tile64": (10**9, 0), "tile64_split_k": (10**9, 10**9)}
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def f16_round(a):
+    return a.astype(np.float16).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def make_ops(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    def make(weight_format: str, variant: str) -> WgpuOps:
+        ops = WgpuOps(wgpu_context, weight_format=weight_format)
+        ops.matmul_min_big_tiles, ops.matmul_split_k_below = VARIANTS[variant]
+        return ops
+
+    return make
+
+
+def upload(ops, array):
+    """An activation holding ``array`` (gathered from an f32 table, exact)."""
+    from kjarni.gpu import WgpuOps
+
+    f32 = WgpuOps(ops.context, weight_format="f32")
+    return f32.embed(f32.weight(array, name="activation"), np.arange(array.shape[0]))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("tokens,rows,cols", [(5, 29, 37), (70, 131, 72), (130, 200, 1100), (300, 9, 17), (67, 33, 513)])
+def test_prefill_matmul_matches_numpy_with_bias_residual_and_fused_norm(make_ops, variant, fmt, tokens, rows, cols):
+    ops = make_ops(fmt, variant)
+    rng = np.random.default_rng(tokens * rows + cols)
+    x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
+    w_ref = w if fmt == "f32" else f16_round(w)
+    gx, gw = upload(ops, x), ops.weight(w, name="w")
+    got = ops.read(ops.linear(gx, gw, ops.weight(b, name="b"), residual=upload(ops, r)))
+    np.testing.assert_allclose(got, ref.linear(x, w_ref, b, r), atol=2e-4, rtol=1e-4)
+    got = ops.read(ops.norm_linear(gx, ops.weight(nw, name="n"), 1e-5, gw, ops.weight(b, name="b")))
+    np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w_ref, b), atol=2e-4, rtol=1e-4)
+
+
+def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
+    """Every (kernel, constants) that `ctx.pipeline` is asked for from now on."""
+    calls: list[tuple[str, dict]] = []
+    real = ctx.pipeline
+
+    def pipeline(kernel, kinds, **kwargs):
+        calls.append((kernel, dict(kwargs.get("constants") or {})))
+        return real(kernel, kinds, **kwargs)
+
+    monkeypatch.setattr(ctx, "pipeline", pipeline)
+    return calls
+
+
+def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
+    rng = np.random.default_rng(0)
+    x, w = rand(rng, 9, 300), rand(rng, 20, 300)
+    expected = {"tile128": {"TX": 16, "KSPLIT": 1}, "tile64": {"TX": 8, "KSPLIT": 1}, "tile64_split_k": {"TX": 8, "KSPLIT": 4}}
+    for variant, constants in expected.items():
+        ops = make_ops("f32", variant)
+        gx, gw = upload(ops, x), ops.weight(w, name="w")
+        calls = _recorded_constants(monkeypatch, ops.context)
+        ops.linear(gx, gw)
+        assert calls == [("matmul_f32", constants)], variant
+        monkeypatch.undo()
+
+
+def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wgpu_context, monkeypatch):
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f16")
+    rng = np.random.default_rng(1)
+    x, small, short = upload(ops, rand(rng, 6, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 6, 8))
+    calls = _recorded_constants(monkeypatch, wgpu_context)
+    ops.linear(x, small)  # one 64x64 tile: K split over 4 groups
+    ops.matmul_min_big_tiles = 1
+    ops.linear(x, ops.weight(rand(rng, 24, 256), name="w2"))  # enough 128x128 tiles by the threshold
+    ops.matmul_min_big_tiles = 10**9
+    ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
+    assert calls == [("matmul_f16", {"TX": 8, "KSPLIT": 4}), ("matmul_f16", {"TX": 16, "KSPLIT": 1}),
+                     ("matmul_f16", {"TX": 8, "KSPLIT": 1})]
+
+
+@pytest.mark.parametrize("qtype", sorted([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], key=lambda t: t.name))
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_prefill_matmul_of_quantized_weights_matches_numpy_dequantized(make_ops, qtype, variant):
+    ops = make_ops("f16", variant)
+    cols = 768 if qtype in (T.Q4_K, T.Q6_K) else 288  # 3 K-quant blocks, 9 small blocks (odd f16 pairs)
+    qt = random_quant(qtype, 37, cols, seed=int(qtype))
+    w = gguf.quants.dequantize(qt.data, qtype)
+    rng = np.random.default_rng(int(qtype))
+    tokens = 21
+    x, b, r, nw = rand(rng, tokens, cols), rand(rng, 37), rand(rng, tokens, 37), rand(rng, cols)
+    gw = ops.weight(qt, name="wq")
+    assert gw.formats == [qtype.name]
+    gx = upload(ops, x)
+    got = ops.read(ops.linear(gx, gw, ops.weight(b, name="b"), residual=upload(ops, r)))
+    expected = ref.linear(x, w, b, r)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, atol=2e-5 * scale, rtol=1e-4)
+    got = ops.read(ops.norm_linear(gx, ops.weight(nw, name="n"), 1e-5, gw))
+    expected = ref.norm_linear(x, nw, 1e-5, w)
+    np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=1e-4)
+    assert any(k[0] == "matmul_" + qtype.name.lower() for k in ops.context._pipelines)
