@@ -508,11 +508,12 @@ def test_gpu_builds_its_own_context(tiny_dir: Path) -> None:
     assert g.device is KjarniDevice.GPU and g.gpu_context is not None
 
 
-def test_gpu_refuses_q8_0_until_the_backend_has_it(tiny_dir: Path) -> None:
+def test_gpu_q8_0_load_config_reaches_the_backend(tiny_dir: Path) -> None:
     if _adapter_type() is None:
         pytest.skip("no WebGPU adapter here")
-    with pytest.raises(InvalidConfigurationError, match="q8_0"):
-        Generator.builder().model_path(tiny_dir).gpu().with_load_config(lambda c: c.q8_0()).quiet().build()
+    g = Generator.builder().model_path(tiny_dir).gpu().with_load_config(lambda c: c.q8_0()).quiet().build()
+    assert g.decoder.model.ops.weight_format == "q8_0"
+    assert isinstance(g.generate_with_config("hello", GenerationOverrides(max_tokens=4, temperature=0.0)), str)
 
 
 def test_warnings_for_gpu_settings_on_the_cpu_unless_allowed(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -146,6 +146,30 @@ def test_q8_0_gguf_weights_stay_quantized_and_match_numpy(tmp_path, gpu_ops):
     np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
 
 
+def test_q8_0_weight_format_quantizes_float_weights_at_load(tmp_path, wgpu_context):
+    import gguf
+
+    config = quant_config("qwen2")
+    tensors = random_state_dict(config, seed=5)
+    save_safetensors_model(tmp_path / "f32", config, tensors)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    # The numpy reference runs on the same Q8_0 values the GPU keeps (32-wide matrices only).
+    rounded = {n: gguf.quants.dequantize(gguf.quants.quantize(t, q8), q8) if t.ndim == 2 and t.shape[1] % 32 == 0 else t
+               for n, t in tensors.items()}
+    save_safetensors_model(tmp_path / "rounded", config, rounded)
+    cfg = ModelConfig.from_dict(config)
+    from kjarni.gpu import WgpuOps
+
+    gpu = DecoderModel(cfg, load_weights(tmp_path / "f32"), WgpuOps(wgpu_context, weight_format="q8_0", kv_format="f32"))
+    cpu = DecoderModel(cfg, load_weights(tmp_path / "rounded"), NumpyOps())
+    assert gpu.blocks[0].qkv.formats == ["Q8_0"] and gpu.blocks[0].down_proj.formats == ["Q8_0"]
+    f16 = DecoderModel(cfg, load_weights(tmp_path / "f32"), WgpuOps(wgpu_context, weight_format="f16"))
+    assert gpu.ops.weight_bytes < 0.6 * f16.ops.weight_bytes
+    expected = cpu.ops.read(cpu.forward(PROMPT, cpu.new_cache(32), logits="all"))
+    got = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
+    np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+
+
 def test_quant_types_without_a_kernel_are_converted_at_load_with_a_notice(wgpu_context, capsys):
     import gguf
 

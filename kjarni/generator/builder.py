@@ -54,11 +54,6 @@ def _gpu_ops(load_config: LoadConfig, context: Any) -> tuple[Any, Any]:
             f"the WebGPU backend is not available in this kjarni build ({error}); use device='cpu' (cpu())"
         ) from None
     weight_format = load_config.weight_format
-    if weight_format == "q8_0":
-        raise InvalidConfigurationError(
-            "weight_format 'q8_0' (quantizing at load) is not implemented by the GPU backend yet; "
-            "use 'quantized' (GGUF blocks kept as stored), 'f16' or 'f32'"
-        )
     if weight_format == "quantized":
         # WgpuOps keeps GGUF quantized blocks as stored wherever it has a kernel for them; the
         # remaining tensors (norms, unsupported types) are held as f16.

@@ -51,9 +51,12 @@ PREFER_FORMATS = ("safetensors", "gguf")
 class LoadConfig:
     """How a model is loaded.
 
-    - ``weight_format``: how the GPU holds weights: ``"f32"`` (parity with the CPU), ``"f16"`` (the
-      default), ``"quantized"`` (GGUF blocks kept as stored) or ``"q8_0"`` (quantized to Q8_0 at
-      load). The numpy CPU backend always computes in float32 and ignores it.
+    - ``weight_format``: how the GPU holds float weights (safetensors, GGUF F32/F16): ``"f32"``
+      (parity with the CPU), ``"f16"`` (the default) or ``"q8_0"`` (quantized to Q8_0 at load; a
+      matrix whose width is not a multiple of 32 stays f16). GGUF quantized blocks are always kept
+      as stored wherever the GPU has a kernel for their type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+      Q6_K) and converted otherwise; ``"quantized"`` names that behaviour with f16 for the rest, so
+      it is the same as ``"f16"``. The numpy CPU backend always computes in float32 and ignores it.
     - ``kv_dtype``: the GPU KV cache's element type, ``"f32"`` or ``"f16"``; ``None`` (default) lets
       the GPU backend choose (f32 with f32 weights, else f16). The CPU cache is always float32.
     - ``max_context``: the most positions to allocate KV for (``None``: the model's context).

@@ -166,9 +166,13 @@ class WgpuKVCache:
 
 
 class WgpuOps:
-    """The GPU backend. ``weight_format``: ``"f16"`` (default) or ``"f32"`` (parity with numpy);
-    GGUF quantized weights stay quantized where a kernel exists. ``kv_format``: ``"f16"`` or
-    ``"f32"`` (default: f32 with f32 weights, else f16)."""
+    """The GPU backend.
+
+    ``weight_format`` says how float weights (safetensors, GGUF F32/F16) are kept: ``"f16"``
+    (default), ``"f32"`` (parity with numpy) or ``"q8_0"`` (quantized at load; matrices whose width
+    is not a multiple of 32 stay f16). GGUF quantized blocks stay as stored wherever a kernel
+    exists, and are converted to ``weight_format`` otherwise. ``kv_format``: ``"f16"`` or ``"f32"``
+    (default: f32 with f32 weights, else f16)."""
 
     name = "gpu"
     matvec_max_tokens = 4  # up to this many tokens the matrix-vector kernels run, else tiled matmul
@@ -182,8 +186,8 @@ class WgpuOps:
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
 
     def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
-        if weight_format not in ("f16", "f32"):
-            raise InvalidConfigurationError(f"weight_format must be 'f16' or 'f32', not {weight_format!r}")
+        if weight_format not in ("f16", "f32", "q8_0"):
+            raise InvalidConfigurationError(f"weight_format must be 'f16', 'f32' or 'q8_0', not {weight_format!r}")
         kv_format = kv_format or ("f32" if weight_format == "f32" else "f16")
         if kv_format not in ("f16", "f32"):
             raise InvalidConfigurationError(f"kv_format must be 'f16' or 'f32', not {kv_format!r}")
@@ -238,25 +242,39 @@ class WgpuOps:
 
         groups: list[tuple[str, list]] = []
         for p in parts:
-            if isinstance(p, QuantTensor):
-                fmt = quant.T(p.ggml_type).name
-                if quant.T(p.ggml_type) in quant.SUPPORTED and kernels.exists("linear_" + fmt.lower()):
-                    item: Any = p
-                else:
-                    if fmt not in self._noticed:
-                        self._noticed.add(fmt)
-                        print(f"kjarni: {fmt} weights have no GPU kernel; converting them to {self.weight_format} at load",
-                              file=sys.stderr)
-                    fmt, item = self.weight_format, p.dequantize()
+            if isinstance(p, QuantTensor) and quant.T(p.ggml_type) in quant.SUPPORTED and kernels.exists(
+                "linear_" + quant.T(p.ggml_type).name.lower()
+            ):
+                fmt, item = quant.T(p.ggml_type).name, p
             else:
-                fmt, item = self.weight_format, np.asarray(p, dtype=np.float32)
-                if item.ndim != 2:
-                    raise InvalidModelError(f"{name}: expected a 2-D matrix, got shape {item.shape}")
+                if isinstance(p, QuantTensor):
+                    kind = quant.T(p.ggml_type).name
+                    if kind not in self._noticed:
+                        self._noticed.add(kind)
+                        print(f"kjarni: {kind} weights have no GPU kernel; converting them to {self.weight_format} at load",
+                              file=sys.stderr)
+                    array = p.dequantize()
+                else:
+                    array = np.asarray(p, dtype=np.float32)
+                    if array.ndim != 2:
+                        raise InvalidModelError(f"{name}: expected a 2-D matrix, got shape {array.shape}")
+                fmt, item = self._stored_form(array)
             if groups and groups[-1][0] == fmt:
                 groups[-1][1].append(item)
             else:
                 groups.append((fmt, [item]))
         return groups
+
+    def _stored_form(self, array: np.ndarray) -> tuple[str, Any]:
+        """How a float matrix is kept: as ``weight_format`` says; Q8_0 needs whole 32-column blocks."""
+        if self.weight_format != "q8_0":
+            return self.weight_format, array
+        if array.shape[1] % 32:
+            return "f16", array
+        import gguf
+
+        blocks = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+        return "Q8_0", QuantTensor(gguf.GGMLQuantizationType.Q8_0, tuple(array.shape), blocks)
 
     def _upload_matrix(self, fmt: str, arrays: list, row0: int, name: str) -> list[_Segment]:
         from kjarni.gpu import quant
