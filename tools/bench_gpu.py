@@ -166,8 +166,12 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     split_s = time.perf_counter() - t0
     del ops.attention_single_max  # back to the class default
 
+    verify_ms = _verify_costs(model, ops, cache, token, steps)
+
     result = {
         "shape": shape, "format": fmt, "context": context,
+        "verify_ms_by_k": verify_ms,
+        "verify_over_decode_k8": round(verify_ms["8"] / verify_ms["1"], 2),
         "prefill_tok_s": round(context / prefill_s, 1),
         "decode_tok_s": round(steps / decode_s, 1),
         "decode_ms": round(1000 * decode_s / steps, 3),
@@ -198,6 +202,22 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
             result["kernels_us"] = f"unavailable: {exc}"
     del model, cache
     return result
+
+
+def _verify_costs(model, ops, cache, token: int, steps: int) -> dict[str, float]:
+    """Speculative verification: ms for one forward over k tokens (logits of every row, a greedy
+    choice per row read back) at the current context, k = 1 .. 8; k = 1 is a plain decode step."""
+    costs = {}
+    for k in range(1, 9):
+        tokens = [token] * k
+        int(ops.argmax(model.forward(tokens, cache, logits="all"))[0])  # compiles this shape
+        cache.trim(k)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ops.argmax(model.forward(tokens, cache, logits="all"))
+            cache.trim(k)
+        costs[str(k)] = round(1000 * (time.perf_counter() - t0) / steps, 3)
+    return costs
 
 
 def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> dict:
