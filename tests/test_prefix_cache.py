@@ -211,3 +211,21 @@ def test_prefix_caches_for_target_and_draft_work_with_speculative_decoding(model
     # (its last proposal is never fed to it), the two new ones and the first new token.
     assert draft.forwards[0] <= 5
     assert stats.cached_prompt_tokens == len(follow_up) - 3 and stats.rounds > 0
+
+
+@pytest.mark.gpu
+def test_gpu_logits_with_the_cache_match_a_cold_prefill(tmp_path, gpu_ops):
+    """The same on the GPU backend (f32 weights and KV): within 1e-5."""
+    config = tiny_config("qwen2")
+    save_safetensors_model(tmp_path, config, random_state_dict(config, seed=5))
+    model = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, 97, size=40)]
+    cold = model.ops.read(model.forward(ids, model.new_cache(64)))[0]
+    for head in (1, 7, 39):
+        prefix = PrefixCache(model, 64)
+        model.forward(ids[:head], prefix.take(ids[:head]))
+        prefix.remember(ids[:head])
+        kv = prefix.take(ids)
+        assert kv.offset == head
+        cached = model.ops.read(model.forward(ids[head:], kv))[0]
+        np.testing.assert_allclose(cached, cold, atol=1e-5, rtol=0)
