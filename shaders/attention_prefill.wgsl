@@ -1,15 +1,21 @@
 // attention_prefill: causal grouped-query attention for a block of query rows, FlashAttention
-// style: keys and values stream through workgroup memory in tiles of BK positions and each
-// thread keeps its query row's running max, sum and output (online softmax); no score matrix.
+// style: keys and values stream through workgroup memory in tiles of BK positions and each query
+// row keeps its running max, sum and output (online softmax, one key at a time); no score matrix.
+// A row is shared by DT consecutive threads (a subgroup part: DT must not exceed the subgroup
+// size), each owning HEAD_DIM / DT of its dims (vec4 c4 = part, part + DT, ...); the q.k dot is
+// summed across them with subgroupShuffleXor. Without subgroups DT is 1 (a thread per row).
 // Bindings: params, step, q [tokens, H hd], k_cache, v_cache, out [tokens, H hd].
-// Grid: (ceil(tokens / BQ), H); thread lid owns query row BQ wid.x + lid at position step.start + row.
+// Grid: (ceil(tokens / BQ), H); workgroup of BQ * DT threads, thread lid works on query row
+// BQ wid.x + lid / DT at position step.start + row.
 // out[t, h] = softmax(q k^T * scale, keys 0 ..= start + t) v; with a sliding window only keys
 // k > start + t - window.
 
 override HEAD_DIM: u32 = 64u;
 override BQ: u32 = 32u;
 const BK: u32 = 16u;
+const DT: u32 = 1u;       // replaced by the host (threads per query row; a power of two)
 const MAX_D4: u32 = 64u;  // replaced by HEAD_DIM / 4 when the pipeline is made (private arrays need a const size)
+const NP: u32 = MAX_D4 / DT;  // vec4s of the row per thread
 
 // #include attention_kv.wgsl
 
@@ -23,21 +29,21 @@ fn visible(key: u32, pos: u32) -> bool {
 var<workgroup> k_sh: array<vec4<f32>, BK * HEAD_DIM / 4u>;
 var<workgroup> v_sh: array<vec4<f32>, BK * HEAD_DIM / 4u>;
 
-@compute @workgroup_size(BQ)
+@compute @workgroup_size(BQ * DT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.y;
     let d4 = HEAD_DIM / 4u;
     let kv_head = h / (params.num_heads / params.num_kv_heads);
-    let t = wid.x * BQ + lid;
+    let part = lid % DT;
+    let t = wid.x * BQ + lid / DT;
     let valid = t < params.tokens;
     let pos = step.start + t;
-    let row = (t * params.num_heads + h) * d4;
-    var qr: array<vec4<f32>, MAX_D4>;
-    var acc: array<vec4<f32>, MAX_D4>;
-    if (valid) {
-        for (var i = 0u; i < d4; i++) {
-            qr[i] = q[row + i] * params.scale;
-        }
+    let row = (min(t, params.tokens - 1u) * params.num_heads + h) * d4;
+    var qr: array<vec4<f32>, NP>;
+    var acc: array<vec4<f32>, NP>;
+    for (var i = 0u; i < NP; i++) {
+        qr[i] = q[row + part + DT * i] * params.scale;
+        acc[i] = vec4<f32>(0.0);
     }
     var m = -3.0e38;
     var l = 0.0;
@@ -45,51 +51,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let tiles = last / BK + 1u;
     for (var tile = 0u; tile < tiles; tile++) {
         workgroupBarrier();
-        for (var i = lid; i < BK * d4; i += BQ) {
+        for (var i = lid; i < BK * d4; i += BQ * DT) {
             let key = tile * BK + i / d4;
             let c4 = i % d4;
+            // Keys past the block are zero, not stale: every thread multiplies every key (p = 0).
+            var kk = vec4<f32>(0.0);
+            var vv = vec4<f32>(0.0);
             if (key <= last) {
-                k_sh[i] = load_k4(kv_head, key, c4);
-                v_sh[i] = load_v4(kv_head, key, c4);
+                kk = load_k4(kv_head, key, c4);
+                vv = load_v4(kv_head, key, c4);
             }
+            k_sh[i] = kk;
+            v_sh[i] = vv;
         }
         workgroupBarrier();
-        if (valid && tile * BK <= pos) {
-            var s: array<f32, BK>;
-            var tile_max = -3.0e38;
-            for (var j = 0u; j < BK; j++) {
-                s[j] = -3.0e38;
-                if (visible(tile * BK + j, pos)) {
-                    var dot_qk = 0.0;
-                    for (var i = 0u; i < d4; i++) {
-                        dot_qk += dot(qr[i], k_sh[j * d4 + i]);
-                    }
-                    s[j] = dot_qk;
-                    tile_max = max(tile_max, dot_qk);
-                }
+        // Every thread runs every key (uniform control flow for the shuffles); keys a row does
+        // not see get no weight.
+        for (var j = 0u; j < BK; j++) {
+            var s = 0.0;
+            for (var i = 0u; i < NP; i++) {
+                s += dot(qr[i], k_sh[j * d4 + part + DT * i]);
             }
-            let m_new = max(m, tile_max);
+// #if subgroup
+            for (var o = 1u; o < DT; o <<= 1u) {
+                s += subgroupShuffleXor(s, o);
+            }
+// #endif
+            let seen = valid && visible(tile * BK + j, pos);
+            let m_new = select(m, max(m, s), seen);
             let correction = exp(m - m_new);
-            l *= correction;
-            for (var i = 0u; i < d4; i++) {
-                acc[i] *= correction;
-            }
-            for (var j = 0u; j < BK; j++) {
-                if (visible(tile * BK + j, pos)) {
-                    let p = exp(s[j] - m_new);
-                    l += p;
-                    for (var i = 0u; i < d4; i++) {
-                        acc[i] += p * v_sh[j * d4 + i];
-                    }
-                }
+            let p = select(0.0, exp(s - m_new), seen);
+            l = l * correction + p;
+            for (var i = 0u; i < NP; i++) {
+                acc[i] = acc[i] * correction + p * v_sh[j * d4 + part + DT * i];
             }
             m = m_new;
         }
     }
     if (valid) {
         let inv = 1.0 / l;
-        for (var i = 0u; i < d4; i++) {
-            out[row + i] = acc[i] * inv;
+        for (var i = 0u; i < NP; i++) {
+            out[row + part + DT * i] = acc[i] * inv;
         }
     }
 }

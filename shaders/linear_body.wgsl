@@ -8,6 +8,11 @@
 //   subgroup owns R consecutive rows, its lanes stride over the chunks, subgroupAdd sums: no
 //   workgroup memory, no barriers. Subgroups stride over the row groups, so any grid is correct;
 //   the host sizes it as n = ceil(ceil(rows / R) / (WG / 32)) workgroups, folded as above.
+// matvec_u (few tokens, decode, any row length; subgroup devices only): a workgroup of WG threads
+//   computes R (1, 2 or 4) consecutive rows; threads take U (1, 2 or 4) 8-column chunks per step,
+//   all loaded before any is used (loads in flight, not one load per loop trip), subgroupAdd then
+//   one barrier sums the subgroups. WG = 32 is a subgroup per row group, WG = 256 splits K 8 ways.
+//   Grid: n = ceil(rows / R) workgroups folded as (min(n, 32768), ceil(n / 32768)).
 // matmul (prefill): 64x64 output tiles (64 tokens x 64 rows), 256 threads of 4x4 each, K in steps
 //   of 32 through workgroup memory. Grid: (ceil(rows / 64), ceil(tokens / 64)).
 // y[t, row_offset + r] = sum_c xn[t, c] W[r, c] (+ bias[row_offset + r]) (+ residual[t, row_offset + r]),
@@ -178,6 +183,108 @@ fn matvec_sg(
                 }
             }
         }
+    }
+}
+// #endif
+
+// #if subgroup
+override U: u32 = 4u;  // 8-column chunks per thread per step of matvec_u (1, 2 or 4)
+var<workgroup> red_u: array<f32, 160>;  // [5][32 subgroups]: the R row sums and the sum of squares
+
+fn dot8(w: W8, v: W8) -> f32 {
+    return dot(w.a, v.a) + dot(w.b, v.b);
+}
+
+// Row `row`'s dot with chunks c0 .. c3 of x (chunk indices already clamped to the row; x is zero
+// past the columns, so clamped duplicates add nothing). Unused chunks (U < 4) are skipped.
+fn dot_u(row: u32, k0: u32, k1: u32, k2: u32, k3: u32, x0: W8, x1: W8, x2: W8, x3: W8) -> f32 {
+    var s = dot8(load_w8(row, k0), x0);
+    if (U > 1u) {
+        s += dot8(load_w8(row, k1), x1);
+    }
+    if (U > 2u) {
+        s += dot8(load_w8(row, k2), x2) + dot8(load_w8(row, k3), x3);
+    }
+    return s;
+}
+
+@compute @workgroup_size(WG)
+fn matvec_u(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+) {
+    let row0 = (wid.x + wid.y * nwg.x) * R;
+    if (row0 >= params.rows) {
+        return;
+    }
+    let chunks = (params.cols + 7u) / 8u;
+    let last = params.rows - 1u;
+    let r1 = min(row0 + 1u, last);
+    let r2 = min(row0 + 2u, last);
+    let r3 = min(row0 + 3u, last);
+    let zero = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var t = 0u; t < params.tokens; t++) {
+        var a0 = 0.0;
+        var a1 = 0.0;
+        var a2 = 0.0;
+        var a3 = 0.0;
+        var ss = 0.0;
+        for (var base = 0u; base < chunks; base += U * WG) {
+            let c0 = base + lid;
+            let c1 = c0 + WG;
+            let c2 = c1 + WG;
+            let c3 = c2 + WG;
+            let k0 = min(c0, chunks - 1u);
+            let k1 = min(c1, chunks - 1u);
+            let k2 = min(c2, chunks - 1u);
+            let k3 = min(c3, chunks - 1u);
+            let x0 = load_x8(t, c0, &ss);
+            var x1 = zero;
+            var x2 = zero;
+            var x3 = zero;
+            if (U > 1u) {
+                x1 = load_x8(t, c1, &ss);
+            }
+            if (U > 2u) {
+                x2 = load_x8(t, c2, &ss);
+                x3 = load_x8(t, c3, &ss);
+            }
+            a0 += dot_u(row0, k0, k1, k2, k3, x0, x1, x2, x3);
+            if (R > 1u) {
+                a1 += dot_u(r1, k0, k1, k2, k3, x0, x1, x2, x3);
+            }
+            if (R > 2u) {
+                a2 += dot_u(r2, k0, k1, k2, k3, x0, x1, x2, x3);
+                a3 += dot_u(r3, k0, k1, k2, k3, x0, x1, x2, x3);
+            }
+        }
+        a0 = subgroupAdd(a0);
+        a1 = subgroupAdd(a1);
+        a2 = subgroupAdd(a2);
+        a3 = subgroupAdd(a3);
+        ss = subgroupAdd(ss);
+        if (sg_lane == 0u) {
+            red_u[sg_id] = a0;
+            red_u[32u + sg_id] = a1;
+            red_u[64u + sg_id] = a2;
+            red_u[96u + sg_id] = a3;
+            red_u[128u + sg_id] = ss;
+        }
+        workgroupBarrier();
+        if (lid < R && row0 + lid < params.rows) {
+            var total = 0.0;
+            var total_ss = 0.0;
+            for (var i = 0u; i < sg_count; i++) {
+                total += red_u[lid * 32u + i];
+                total_ss += red_u[128u + i];
+            }
+            finish(t, row0 + lid, total, total_ss);
+        }
+        workgroupBarrier();
     }
 }
 // #endif

@@ -93,11 +93,33 @@ fn accumulate_unit(p: ptr<function, Partial>, row: u32, u: u32, t0: u32, nt: u32
     }
 }
 
+// Applies dequantized unit u (values v) to every token of the tile.
+fn apply_unit(p: ptr<function, Partial>, v: array<vec4<f32>, UNIT / 4u>, u: u32, t0: u32, nt: u32) {
+    for (var k = 0u; k < UNIT / 4u; k++) {
+        add4(p, v[k], unit_col(u, k), t0, nt);
+    }
+}
+
+// Units lane, lane + team, ... of the row; four at a time, all four loaded before any is used,
+// so each lane keeps several loads in flight instead of one per loop trip.
 fn row_partial(row: u32, t0: u32, nt: u32, lane: u32, team: u32) -> Partial {
     var p = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
     let units = params.cols / UNIT;
-    for (var u = lane; u < units; u += team) {
+    var u = lane;
+    while (u + 3u * team < units) {
+        let v0 = unit_values(row, u);
+        let v1 = unit_values(row, u + team);
+        let v2 = unit_values(row, u + 2u * team);
+        let v3 = unit_values(row, u + 3u * team);
+        apply_unit(&p, v0, u, t0, nt);
+        apply_unit(&p, v1, u + team, t0, nt);
+        apply_unit(&p, v2, u + 2u * team, t0, nt);
+        apply_unit(&p, v3, u + 3u * team, t0, nt);
+        u += 4u * team;
+    }
+    while (u < units) {
         accumulate_unit(&p, row, u, t0, nt);
+        u += team;
     }
     return p;
 }
@@ -121,11 +143,41 @@ fn finish_row(row: u32, t0: u32, nt: u32, acc: vec4<f32>, ss: vec4<f32>) {
 }
 
 // BEGIN subgroup variant
-// One subgroup per row, lanes stride over the row's units, subgroupAdd reduces.
+// One subgroup per row, lanes stride over the row's units, subgroupAdd reduces. With SPLIT_K the
+// whole workgroup (WG threads) shares each row instead: long rows (an MLP down projection) with
+// few rows get WG / 32 times the loads in flight; subgroupAdd, then one barrier across subgroups.
+override SPLIT_K: bool = false;
+var<workgroup> team_part: array<Partial, 32>;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32,
+        @builtin(local_invocation_index) lid: u32) {
+    if (SPLIT_K) {
+        for (var row = wg.x; row < params.rows; row += nwg.x) {
+            for (var t0 = 0u; t0 < params.tokens; t0 += TILE) {
+                let nt = min(TILE, params.tokens - t0);
+                let p = row_partial(row, t0, nt, lid, WG);
+                let acc = subgroupAdd(p.acc);
+                let ss = subgroupAdd(p.ss);
+                if (lane == 0u) {
+                    team_part[sg] = Partial(acc, ss);
+                }
+                workgroupBarrier();
+                if (lid == 0u) {
+                    var total = team_part[0];
+                    for (var i = 1u; i < nsg; i++) {
+                        total.acc += team_part[i].acc;
+                        total.ss += team_part[i].ss;
+                    }
+                    finish_row(row, t0, nt, total.acc, total.ss);
+                }
+                workgroupBarrier();
+            }
+        }
+        return;
+    }
     for (var row = wg.x * nsg + sg; row < params.rows; row += nwg.x * nsg) {
         for (var t0 = 0u; t0 < params.tokens; t0 += TILE) {
             let nt = min(TILE, params.tokens - t0);

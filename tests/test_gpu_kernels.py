@@ -174,6 +174,67 @@ def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_conte
         np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("lanes", [1, 2, 8])
+@pytest.mark.parametrize("window", [None, 23])
+def test_attention_prefill_with_rows_shared_by_several_threads_matches_numpy(wgpu_context, lanes, window):
+    """attention_prefill splits a query row's head_dim over `attention_prefill_lanes` threads
+    (subgroupShuffleXor sums the q.k dots); head_dim 64 gives 2 vec4s per thread at 8 lanes, and
+    70 tokens after 37 span several key tiles and query blocks."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
+    ops.attention_prefill_lanes = lanes
+    for _, _, out, out_ref in _attention_case(ops, "f16", [37, 70], heads=4, kv_heads=2, head_dim=64, window=window):
+        np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_matvec_u_configurations_match_numpy(wgpu_context):
+    """Every (threads, rows, chunks per step) of linear_body's matvec_u, with the fused norm, bias
+    and residual, over rows not a multiple of R and columns not a multiple of 8 or of a step."""
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec_u needs subgroups")
+    rng = np.random.default_rng(11)
+    for rows, cols in ((37, 300), (5, 2500)):
+        x, w, nw, b, res = rand(rng, 2, cols), rand(rng, rows, cols), rand(rng, cols), rand(rng, rows), rand(rng, 2, rows)
+        want = ref.norm_linear(x, nw, 1e-5, w, b) + res
+        for cfg in ((32, 1, 1), (64, 2, 2), (128, 4, 4), (256, 4, 1), (32, 4, 4)):
+            ops = WgpuOps(wgpu_context, weight_format="f16")
+            ops.matvec_configs = {(rows, cols): cfg}
+            gw = ops.weight(w, name="w")
+            got = ops._linear(upload(ops, x), gw, ops.weight(b, name="b"), upload(ops, res), ops.weight(nw, name="n"), 1e-5)
+            assert gw.plans and all(p[0][0][0].kjarni_name == "linear_f16:matvec_u" for p in gw.plans.values())
+            np.testing.assert_allclose(ops.read(got), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
+def test_quantized_split_k_decode_matches_numpy(wgpu_context, qtype):
+    """quant_split_k_min_cols makes long quantized rows run `main` with SPLIT_K (a workgroup per
+    row); the result matches the dequantized weight, 1 and 3 tokens, with norm and residual."""
+    import gguf
+
+    from kjarni.gpu import WgpuOps
+    from kjarni.weights import QuantTensor
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("SPLIT_K needs subgroups")
+    rng = np.random.default_rng(12)
+    rows, cols = 19, 512
+    t = gguf.GGMLQuantizationType[qtype]
+    qt = QuantTensor(t, (rows, cols), gguf.quants.quantize(rand(rng, rows, cols), t))
+    w = qt.dequantize().astype(np.float32)
+    ops = WgpuOps(wgpu_context, weight_format="f32")
+    ops.quant_split_k_min_cols = 256
+    nw = rand(rng, cols)
+    gw, gn = ops.weight(qt, name="wq"), ops.weight(nw, name="nq")
+    for tokens in (1, 3):
+        x, res = rand(rng, tokens, cols), rand(rng, tokens, rows)
+        got = ops.read(ops._linear(upload(ops, x), gw, None, upload(ops, res), gn, 1e-5))
+        np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w) + res, atol=1e-3, rtol=1e-3)
+    assert any(("SPLIT_K", True) in key[3] for key in wgpu_context._pipelines)
+
+
 def test_rope_store_refuses_positions_past_the_cache(gpu_ops):
     cache = gpu_ops.new_kv_cache(1, 1, 8, 4)
     rope = gpu_ops.weight(np.zeros((16, 8), np.float32), name="rope")

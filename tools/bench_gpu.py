@@ -305,6 +305,16 @@ def bench_torch(shape: str, context: int, steps: int) -> dict | None:
             "prefill_tok_s": round(context / prefill_s, 1), "decode_tok_s": round(steps / decode_s, 1)}
 
 
+def _apply_tuning(path: str) -> dict:
+    """Set WgpuOps' matvec choices from a sweep's JSON: [[rows, cols, threads, rows_per_wg, chunks], ...]."""
+    from kjarni.gpu import WgpuOps
+
+    tuning = json.loads(Path(path).read_text())
+    WgpuOps.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in tuning.get("matvec_configs", [])}
+    WgpuOps.quant_split_k_min_cols = tuning.get("quant_split_k_min_cols")
+    return tuning
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {sorted(SHAPES)} or 'all'")
@@ -315,7 +325,9 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a tiny shape, short context (CPU adapters)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--prefill-only", action="store_true", help="time prefill only, with GPU time per kernel")
+    parser.add_argument("--tuning", metavar="JSON", help="kernel choices from tools/sweep_matvec.py --tuning-out")
     args = parser.parse_args()
+    tuning = _apply_tuning(args.tuning) if args.tuning else None
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):
@@ -326,7 +338,7 @@ def main() -> None:
 
     ctx = WgpuContext(args.adapter)
     shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
-    report = {"adapter": ctx.description, "features": sorted(ctx.features), "results": []}
+    report = {"adapter": ctx.description, "features": sorted(ctx.features), "tuning": tuning, "results": []}
     for shape in shapes:
         for fmt in args.formats.split(","):
             try:

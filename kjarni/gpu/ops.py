@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -182,7 +182,14 @@ class WgpuOps:
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
     matvec_subgroup_threads = 256  # workgroup size of matvec_sg (8 subgroups of 32)
+    # f16/f32 decode shapes (rows of a segment, cols) -> (threads, rows, chunks per step) of
+    # linear_body's matvec_u, from tools/sweep_matvec.py on the target GPU; other shapes keep
+    # matvec_sg / matvec. Empty until measured: assign a new dict (per instance or subclass).
+    matvec_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int]]] = {}
+    quant_split_k_min_cols: int | None = None  # quantized decode rows this long: a workgroup per row (SPLIT_K)
+    quant_split_k_threads = 256  # threads sharing a row with SPLIT_K
     fuse_silu = True  # decode: silu_mul is applied inside the following linear (LINEAR_SILU)
+    attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
 
     def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
@@ -440,8 +447,25 @@ class WgpuOps:
             pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants={"TX": tx, "KSPLIT": ksplit})
             return pipeline, params, (-(-seg.rows // (8 * tx)), -(-tokens // (8 * tx)), 1)
         if not seg.dense:
+            min_cols = self.quant_split_k_min_cols
+            if tokens <= self.matvec_max_tokens and ctx.has_subgroups and min_cols is not None and cols >= min_cols:
+                # Long rows, few of them (down_proj): the whole workgroup shares each row (SPLIT_K).
+                def source() -> str:
+                    return quant.shader_source(seg.linear_kernel, subgroups=True)
+
+                constants = {"WG": self.quant_split_k_threads, "SPLIT_K": True}
+                pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, constants=constants, source=source, flags=("quant",))
+                return pipeline, params, (min(seg.rows, 65535), 1, 1)
             pipeline = self._pipeline(seg, seg.linear_kernel, LINEAR_KINDS, "main")
             return pipeline, params, (quant.workgroup_count(seg.rows, subgroups=ctx.has_subgroups), 1, 1)
+        config = self.matvec_configs.get((seg.rows, cols)) if tokens <= self.matvec_max_tokens and ctx.has_subgroups else None
+        if config is not None:
+            # A configuration measured for this shape (tools/sweep_matvec.py): matvec_u with
+            # `threads` threads on `r` rows, `u` 8-column chunks per thread per step.
+            threads, r, u = config
+            constants = {"WG": threads, "R": r, "U": u}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_u", constants=constants)
+            return pipeline, params, _fold(-(-seg.rows // r))
         if tokens <= self.matvec_max_tokens and ctx.has_subgroups and -(-cols // 8) <= self.matvec_subgroup_max_chunks:
             # Rows of up to a few thousand columns: one subgroup per 1, 2 or 4 rows (more rows per
             # subgroup only where there are rows enough to keep every SM busy), no barriers.
@@ -559,15 +583,24 @@ class WgpuOps:
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
         else:
+            # Threads per query row: a power of two dividing hd / 4, within a subgroup.
+            dt = 1
+            while ctx.has_subgroups and dt < self.attention_prefill_lanes and (hd // 4) % (2 * dt) == 0:
+                dt *= 2
+            rows_per_group = max(1, 256 // dt) if dt > 1 else 32
+
             def source() -> str:
                 # Private arrays cannot be sized by an override: size q and the output row exactly.
                 text = kernels.source("attention_prefill", frozenset(flags) | self._subgroup_flag())
+                text = text.replace("const DT: u32 = 1u;", f"const DT: u32 = {dt}u;")
                 return text.replace("const MAX_D4: u32 = 64u;", f"const MAX_D4: u32 = {hd // 4}u;")
 
             prefill = ctx.pipeline(
-                "attention_prefill", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd}, source=source
+                "attention_prefill", ATTENTION_KINDS, flags=(*flags, f"lanes{dt}"),
+                constants={"HEAD_DIM": hd, "BQ": rows_per_group}, source=source,
             )
-            ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), (-(-tokens // 32), heads, 1))
+            grid = (-(-tokens // rows_per_group), heads, 1)
+            ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
         return out
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:

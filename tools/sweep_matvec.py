@@ -1,0 +1,314 @@
+"""Sweep the decode matrix-vector kernels: GB/s per (shape, format, variant) on this GPU.
+
+For each of Qwen2.5-0.5B's five decode matrices (qkv 1152x896 with norm + bias, o_proj 896x896
+with residual, gate_up 9728x896 with norm, down 896x4864 reading silu(gate) * up plus residual,
+LM head 151936x896 with norm), one token, and each weight format (f16, Q8_0, Q5_0; Q4_K where the
+row length allows), every candidate configuration of the linear kernels is timed with timestamp
+queries around one compute pass of ``--reps`` back-to-back dispatches (median of ``--passes``
+passes). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
+decode step reads every layer's weights once. Every variant's output is checked against numpy.
+
+Variants (shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
+- f16 ``sg R=r``: ``matvec_sg`` (a subgroup per r rows, 256 threads); ``wg``: ``matvec`` (the
+  workgroup split-K with R = 4); ``u WG=w R=r U=u``: ``matvec_u`` (w threads on r rows, u chunks of
+  8 columns per thread per step, loads issued before use).
+- quantized ``sg WG=w``: ``main`` (a subgroup per row, w / 32 rows per workgroup); ``sgfold``: the
+  same with the grid folded to 8 workgroups per SM-ish (1056); ``split WG=w``: ``main`` with
+  ``SPLIT_K`` (the whole workgroup on one row).
+
+Then (unless ``--no-prefill``) runs ``tools/bench_gpu.py --prefill-only`` for the per-kernel GPU
+time of one 512-token prefill. Prints one JSON document (``--out`` also writes it) and a summary
+on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kjarni.gpu import quant
+from kjarni.gpu.context import WgpuContext
+from kjarni.gpu.ops import LINEAR_KINDS, _fold
+from kjarni.gpu.params import (
+    LINEAR,
+    LINEAR_BIAS,
+    LINEAR_NORM,
+    LINEAR_RESIDUAL,
+    LINEAR_SILU,
+)
+from kjarni.weights import QuantTensor
+
+SHAPES = {  # name: (rows, cols, flags)
+    "qkv": (1152, 896, LINEAR_NORM | LINEAR_BIAS),
+    "o_proj": (896, 896, LINEAR_RESIDUAL),
+    "gate_up": (9728, 896, LINEAR_NORM),
+    "down": (896, 4864, LINEAR_SILU | LINEAR_RESIDUAL),
+    "lm_head": (151936, 896, LINEAR_NORM),
+}
+EPS = 1e-6
+
+
+def _quant_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> quant.RepackedWeight:
+    qt = quant.T[fmt]
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    nb = cols // block
+    data = rng.integers(0, 256, size=(rows, nb, size), dtype=np.uint8)
+    # Valid small f16 scales (d, and dmin for K-quants) at the start of every block.
+    halves = (rng.random((rows, nb, 2), dtype=np.float32) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
+    data[:, :, :4 if fmt.endswith("_K") else 2] = halves.reshape(rows, nb, 4)[:, :, :4 if fmt.endswith("_K") else 2]
+    return quant.repack(QuantTensor(qt, (rows, cols), data.reshape(rows, nb * size)))
+
+
+class Bench:
+    def __init__(self, args) -> None:
+        self.args = args
+        self.ctx = WgpuContext(args.adapter)
+        import wgpu
+
+        self.wgpu = wgpu
+        self.dev = self.ctx.device
+        self.qs = self.dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * args.passes)
+        self.align = max(256, self.ctx.storage_alignment)
+
+    def buffer(self, data: np.ndarray, copies: int = 1):
+        """One buffer holding `copies` copies of data, each at a multiple of the offset alignment."""
+        wgpu = self.wgpu
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        stride = -(-max(raw.nbytes, 16) // self.align) * self.align
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        buf = self.dev.create_buffer(size=stride * copies, usage=usage)
+        padded = np.zeros(stride, np.uint8)
+        padded[: raw.nbytes] = raw
+        self.dev.queue.write_buffer(buf, 0, padded)
+        if copies > 1:  # WebGPU refuses a copy within one buffer: copy from a separate source
+            src = self.dev.create_buffer(size=stride, usage=usage)
+            self.dev.queue.write_buffer(src, 0, padded)
+            enc = self.dev.create_command_encoder()
+            for i in range(1, copies):
+                enc.copy_buffer_to_buffer(src, 0, buf, i * stride, stride)
+            self.dev.queue.submit([enc.finish()])
+            src.destroy()
+        return buf, stride
+
+    def group(self, pipeline, entries):
+        """entries: per binding (buffer, offset, size)."""
+        layout = self.ctx.layout(LINEAR_KINDS)[0]
+        return self.dev.create_bind_group(layout=layout, entries=[
+            {"binding": i, "resource": {"buffer": b, "offset": o, "size": s}} for i, (b, o, s) in enumerate(entries)
+        ])
+
+    def time(self, pipeline, groups, grid) -> float:
+        """Median seconds per dispatch over passes of reps dispatches cycling through groups."""
+        a = self.args
+        enc = self.dev.create_command_encoder()
+        for p in range(a.passes):
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": self.qs, "beginning_of_pass_write_index": 2 * p, "end_of_pass_write_index": 2 * p + 1})
+            cp.set_pipeline(pipeline)
+            for i in range(a.reps):
+                cp.set_bind_group(0, groups[(p * a.reps + i) % len(groups)])
+                cp.dispatch_workgroups(*grid)
+            cp.end()
+        resolve = self.dev.create_buffer(size=16 * a.passes, usage=self.wgpu.BufferUsage.QUERY_RESOLVE | self.wgpu.BufferUsage.COPY_SRC)
+        enc.resolve_query_set(self.qs, 0, 2 * a.passes, resolve, 0)
+        self.dev.queue.submit([enc.finish()])
+        ticks = np.frombuffer(self.dev.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+        per = (ticks[1::2] - ticks[0::2]) * 1e-9 / a.reps
+        return float(np.median(per))
+
+    def run_shape(self, name: str, fmt: str, rows: int, cols: int, flags: int, rng) -> list[dict]:
+        ctx, a = self.ctx, self.args
+        tokens = 1
+        silu = bool(flags & LINEAR_SILU)
+        x = rng.standard_normal((tokens, cols * (2 if silu else 1)), dtype=np.float32)
+        bias = rng.standard_normal(rows, dtype=np.float32) * 0.1
+        residual = rng.standard_normal((tokens, rows), dtype=np.float32)
+        nw = (1.0 + 0.1 * rng.standard_normal(cols, dtype=np.float32)).astype(np.float32)
+        if fmt == "f16":
+            padded = -(-cols // 8) * 8
+            w16 = np.zeros((rows, padded), np.float16)
+            w16[:, :cols] = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+            dense = w16[:, :cols].astype(np.float32)
+            wa_data, wb_data = w16, None
+            nbytes = w16.nbytes
+        else:
+            rep = _quant_weight(fmt.upper(), rows, cols, rng)
+            dense = quant.dequantize_repacked(rep).astype(np.float32)
+            wa_data, wb_data = rep.w_a, rep.w_b
+            nbytes = rep.w_a.nbytes + rep.w_b.nbytes
+        copies = int(max(1, min(a.max_copies, -(-a.l2_bytes // nbytes))))
+        wa, sa = self.buffer(wa_data, copies)
+        wb, sb = self.buffer(wb_data, copies) if wb_data is not None else (ctx.dummy, 256)
+        xb, _ = self.buffer(x)
+        bb, _ = self.buffer(bias)
+        rb, _ = self.buffer(residual)
+        nb_, _ = self.buffer(nw)
+        yb = self.dev.create_buffer(size=max(256, rows * tokens * 4), usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC)
+        params = ctx.uniform(LINEAR.pack(rows=rows, cols=cols, tokens=tokens, flags=flags, row_offset=0, y_stride=rows, eps=EPS))
+        # numpy reference
+        xv = x[:, :cols]
+        if silu:
+            xv = xv / (1.0 + np.exp(-xv)) * x[:, cols:]
+        ref = (xv * nw if flags & LINEAR_NORM else xv) @ dense.T
+        if flags & LINEAR_NORM:
+            ref = ref / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + EPS)
+        if flags & LINEAR_BIAS:
+            ref = ref + bias
+        if flags & LINEAR_RESIDUAL:
+            ref = ref + residual
+        scale = float(np.abs(ref).max()) + 1e-6
+
+        def groups_for(pipeline):
+            return [self.group(pipeline, [
+                (params, 0, params.size), (xb, 0, xb.size), (wa, i * sa, sa),
+                (wb, (i * sb) if wb is not ctx.dummy else 0, sb if wb is not ctx.dummy else 256),
+                (bb, 0, bb.size), (rb, 0, rb.size), (nb_, 0, nb_.size), (yb, 0, yb.size)]) for i in range(copies)]
+
+        results = []
+        for label, pipeline, grid in self.variants(fmt, rows, cols):
+            try:
+                groups = groups_for(pipeline)
+                enc = self.dev.create_command_encoder()
+                cp = enc.begin_compute_pass()
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, groups[0])
+                cp.dispatch_workgroups(*grid)
+                cp.end()
+                self.dev.queue.submit([enc.finish()])
+                y = np.frombuffer(self.dev.queue.read_buffer(yb, 0, rows * tokens * 4), np.float32).reshape(tokens, rows)
+                err = float(np.abs(y - ref).max()) / scale
+                sec = self.time(pipeline, groups, grid)
+                results.append({"shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
+                                "gb_s": round(nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
+                                "grid": list(grid)})
+            except Exception as exc:  # noqa: BLE001 (a variant that fails to compile must not end the sweep)
+                results.append({"shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        return results
+
+    def variants(self, fmt: str, rows: int, cols: int):
+        ctx = self.ctx
+        chunks = -(-cols // 8)
+        if fmt == "f16":
+            for r in (1, 2, 4):
+                p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_sg", constants={"R": r, "WG": 256})
+                yield f"sg R={r}", p, _fold(-(-((rows + r - 1) // r) // 8))
+            threads = max(64, min(256, 1 << (chunks.bit_length() - 1)))
+            p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec", constants={"R": 4, "WG": threads})
+            yield f"wg R=4 WG={threads}", p, _fold(-(-rows // 4))
+            for wg in (32, 64, 128, 256):
+                for u in (1, 2, 4):
+                    if u > 1 and (u // 2) * wg >= chunks:  # half the threads' extra chunks would be past the row
+                        continue
+                    for r in (1, 2, 4):
+                        p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_u", constants={"R": r, "WG": wg, "U": u})
+                        yield f"u WG={wg} R={r} U={u}", p, _fold(-(-rows // r))
+            return
+        kernel = "linear_" + fmt
+
+        def src() -> str:
+            return quant.shader_source(kernel, subgroups=ctx.has_subgroups)
+
+        for wg in (32, 64, 128, 256):
+            p = ctx.pipeline(kernel, LINEAR_KINDS, constants={"WG": wg}, source=src, flags=("quant",))
+            per = wg // 32
+            yield f"sg WG={wg}", p, (min(-(-rows // per), 65535), 1, 1)
+            if -(-rows // per) > 1056:
+                yield f"sgfold WG={wg}", p, (1056, 1, 1)
+            p = ctx.pipeline(kernel, LINEAR_KINDS, constants={"WG": wg, "SPLIT_K": True}, source=src, flags=("quant",))
+            yield f"split WG={wg}", p, (min(rows, 65535), 1, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--adapter", default=None)
+    parser.add_argument("--formats", default="f16,q8_0,q5_0,q4_k")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--l2-bytes", type=int, default=384 << 20, help="bytes of weight copies cycled through")
+    parser.add_argument("--max-copies", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="shapes / 8 rows, few reps (CPU adapters)")
+    parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--tuning-out", default=None, help="write the suggested settings as JSON for bench_gpu.py --tuning")
+    args = parser.parse_args()
+    if args.quick:
+        args.reps, args.passes, args.max_copies = 3, 1, 2
+    bench = Bench(args)
+    rng = np.random.default_rng(0)
+    report = {"adapter": bench.ctx.description, "results": []}
+    for name in args.shapes.split(","):
+        rows, cols, flags = SHAPES[name]
+        if args.quick:
+            rows = min(rows, 512)
+        for fmt in args.formats.split(","):
+            if fmt == "q4_k" and cols % 256:
+                continue
+            t0 = time.perf_counter()
+            report["results"].extend(bench.run_shape(name, fmt, rows, cols, flags, rng))
+            print(f"# {name} {fmt}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(report, indent=1))
+    best = {}
+    for r in report["results"]:
+        if "gb_s" in r and r["ok"]:
+            k = (r["shape"], r["format"])
+            if k not in best or r["gb_s"] > best[k]["gb_s"]:
+                best[k] = r
+    report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"]}
+                      for k, v in best.items()]
+    # What kjarni should pick (WgpuOps.matvec_configs, quant_split_k_min_cols), from the winners.
+    configs, split_cols, plain_cols = {}, [], []
+    for r in report["best"]:
+        rows, cols, _ = SHAPES[r["shape"]]
+        if r["format"] == "f16" and r["variant"].startswith("u "):
+            wg, rr, u = (int(part.split("=")[1]) for part in r["variant"].split()[1:])
+            configs[f"({rows}, {cols})"] = f"({wg}, {rr}, {u})"
+        elif r["format"] != "f16":
+            (split_cols if r["variant"].startswith("split") else plain_cols).append(cols)
+    report["suggest"] = {
+        "matvec_configs": "{" + ", ".join(f"{k}: {v}" for k, v in configs.items()) + "}",
+        "quant_split_k_min_cols": min(split_cols) if split_cols and (not plain_cols or min(split_cols) > max(plain_cols)) else None,
+    }
+    if args.tuning_out:
+        Path(args.tuning_out).write_text(json.dumps({
+            "matvec_configs": [[*SHAPES[r["shape"]][:2], *(int(p.split("=")[1]) for p in r["variant"].split()[1:])]
+                               for r in report["best"] if r["format"] == "f16" and r["variant"].startswith("u ")],
+            "quant_split_k_min_cols": report["suggest"]["quant_split_k_min_cols"],
+        }))
+    if not args.no_prefill:
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_gpu.py")), "--prefill-only", "--no-torch",
+               "--model", "qwen2.5-0.5b", "--formats", "f16"]
+        if args.quick:
+            cmd = [sys.executable, str(Path(__file__).with_name("bench_gpu.py")), "--prefill-only", "--no-torch",
+                   "--small", "--formats", "f16"]
+        del bench
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
+        try:
+            report["prefill"] = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            report["prefill"] = {"stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    print("BEST:", file=sys.stderr)
+    for b in report["best"]:
+        print(f"  {b['shape']:8s} {b['format']:5s} {b['variant']:22s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s", file=sys.stderr)
+    print("SUGGEST:", json.dumps(report["suggest"]), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
