@@ -44,7 +44,7 @@ def f16_ops(wgpu_context):
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16"])
-@pytest.mark.parametrize("tokens", [1, 3, 70])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 70])
 @pytest.mark.parametrize("rows,cols", [(29, 37), (131, 72), (9, 1100), (5, 4100)])
 def test_linear_matches_numpy_with_bias_and_residual(gpu_ops, f16_ops, fmt, tokens, rows, cols):
     ops = gpu_ops if fmt == "f32" else f16_ops
@@ -70,7 +70,7 @@ def test_norm_linear_fuses_rms_norm_into_the_product(gpu_ops, f16_ops, fmt, toke
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16"])
-@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("tokens", [1, 3, 8])
 @pytest.mark.parametrize("rows,cols", [(37, 45), (2051, 40), (8195, 24), (19, 2100)])
 def test_silu_mul_is_fused_into_the_next_linear_as_one_dispatch(gpu_ops, f16_ops, fmt, tokens, rows, cols):
     # Shapes reach matvec_sg with 1, 2 and 4 rows per subgroup and the workgroup matvec (> 2048 columns).

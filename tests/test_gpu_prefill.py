@@ -54,7 +54,7 @@ def upload(ops, array):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("fmt", ["f32", "f16"])
-@pytest.mark.parametrize("tokens,rows,cols", [(5, 29, 37), (70, 131, 72), (130, 200, 1100), (300, 9, 17), (67, 33, 513)])
+@pytest.mark.parametrize("tokens,rows,cols", [(9, 29, 37), (70, 131, 72), (130, 200, 1100), (300, 9, 17), (67, 33, 513)])
 def test_prefill_matmul_matches_numpy_with_bias_residual_and_fused_norm(make_ops, variant, fmt, tokens, rows, cols):
     ops = make_ops(fmt, variant)
     rng = np.random.default_rng(tokens * rows + cols)
@@ -98,7 +98,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
     rng = np.random.default_rng(1)
-    x, small, short = upload(ops, rand(rng, 6, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 6, 8))
+    x, small, short = upload(ops, rand(rng, 9, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 9, 8))
     calls = _recorded_constants(monkeypatch, wgpu_context)
     ops.linear(x, small)  # one 64x64 tile: K split over 4 groups
     ops.matmul_min_big_tiles = 1

@@ -235,7 +235,7 @@ def odd_shape(qtype: T) -> tuple[int, int]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("tokens", [1, 5, 8])
 def test_linear_kernel_matches_numpy_with_and_without_bias_residual_norm(qtype, tokens):
     h = harness()
     rows, cols = odd_shape(qtype)

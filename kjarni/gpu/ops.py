@@ -175,7 +175,7 @@ class WgpuOps:
     (default: f32 with f32 weights, else f16)."""
 
     name = "gpu"
-    matvec_max_tokens = 4  # up to this many tokens the matrix-vector kernels run, else tiled matmul
+    matvec_max_tokens = 8  # up to this many tokens (decode, speculative verify) matrix-vector kernels run, else tiled matmul
     matmul_min_big_tiles = 1024  # prefill uses 128x128 tiles when it gets this many, else 64x64
     matmul_split_k_below = 512  # fewer 64x64 tiles than this: 4 thread groups split K in each
     matvec_rows = 4  # rows per workgroup of the matvec kernels
