@@ -186,6 +186,7 @@ class WgpuOps:
     # linear_body's matvec_u, from tools/sweep_matvec.py on the target GPU; other shapes keep
     # matvec_sg / matvec. Empty until measured: assign a new dict (per instance or subclass).
     matvec_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int]]] = {}
+    matvec_u_default = True  # rows of <= 2048 columns: matvec_u as the H200 sweep chose (else matvec_sg)
     quant_split_k_min_cols: int | None = None  # quantized decode rows this long: a workgroup per row (SPLIT_K)
     quant_split_k_threads = 256  # threads sharing a row with SPLIT_K
     fuse_silu = True  # decode: silu_mul is applied inside the following linear (LINEAR_SILU)
@@ -465,6 +466,14 @@ class WgpuOps:
             threads, r, u = config
             constants = {"WG": threads, "R": r, "U": u}
             pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_u", constants=constants)
+            return pipeline, params, _fold(-(-seg.rows // r))
+        if tokens <= self.matvec_max_tokens and ctx.has_subgroups and self.matvec_u_default and -(-cols // 8) <= 256:
+            # The H200 sweep's winners for rows of up to 2048 columns (tools/sweep_matvec.py, see
+            # docs/benchmarks.md): 128 threads on 4 rows (2 when rows are few), and 32 threads
+            # for a very tall matrix (the LM head), where many small workgroups fill the GPU.
+            threads = 32 if seg.rows >= 65536 else 128
+            r = 4 if seg.rows >= 1024 else 2
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_u", constants={"WG": threads, "R": r, "U": 1})
             return pipeline, params, _fold(-(-seg.rows // r))
         if tokens <= self.matvec_max_tokens and ctx.has_subgroups and -(-cols // 8) <= self.matvec_subgroup_max_chunks:
             # Rows of up to a few thousand columns: one subgroup per 1, 2 or 4 rows (more rows per
