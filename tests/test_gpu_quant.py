@@ -98,15 +98,6 @@ def test_shader_source_keeps_one_entry_point_named_main():
     assert "subgroupAdd" not in without and "@builtin(subgroup" not in without
 
 
-def test_linear_kernels_share_one_generic_body():
-    """The format-independent parts of the kernels are copies; a fix to one must reach all."""
-    def generic(kernel: str) -> tuple[str, str]:
-        text = quant.shader_source(kernel, subgroups=True).split("\n", 2)[2]  # drop the named header lines
-        return text[: text.index("const UNIT")].rsplit("\n// Q", 1)[0], text[text.index("// Adds weights w"):]
-    first, *rest = (generic(f"linear_{t.name.lower()}") for t in TYPES)
-    assert all(r == first for r in rest)
-
-
 # ================================================================ a minimal wgpu harness
 
 

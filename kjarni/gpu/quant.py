@@ -39,7 +39,6 @@ Q4_K ``(d*sc[s])*q - dmin*m[s]`` (``s`` = value // 32), Q6_K ``(d*scale[value //
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import gguf
@@ -54,16 +53,6 @@ T = gguf.GGMLQuantizationType
 
 SUPPORTED = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K})
 """GGUF types with a repack, a ``linear_<format>`` and an ``embed_<format>`` kernel."""
-
-
-def _shader_dir() -> Path:
-    """``shaders/`` of the source tree, or the installed ``kjarni.shaders`` package (pyproject maps it)."""
-    source_tree = Path(__file__).resolve().parents[2] / "shaders"
-    if source_tree.is_dir():
-        return source_tree
-    import importlib.resources
-
-    return Path(str(importlib.resources.files("kjarni.shaders")))
 
 
 ROWS_PER_WORKGROUP = 4
@@ -268,7 +257,9 @@ def shader_source(kernel: str, *, subgroups: bool = True) -> str:
     device feature ``"subgroup"``) and ``main_shared`` (one workgroup per row, shared-memory
     reduction). This keeps the one that fits the device, named ``main``.
     """
-    text = (_shader_dir() / f"{kernel}.wgsl").read_text()
+    from kjarni.gpu import kernels
+
+    text = kernels.source(kernel)  # the format file with linear_quant_body.wgsl pasted in
     drop = "subgroup" if not subgroups else "shared"
     begin, end = f"// BEGIN {drop} variant", f"// END {drop} variant"
     if begin in text:
