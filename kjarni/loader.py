@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from kjarni.config import SUPPORTED_MODEL_TYPES, GenerationDefaults, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
 from kjarni.gpt2 import GPT2Model
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
+from kjarni.progress import Progress
 from kjarni.ops import Ops
 from kjarni.tokenizer import Tokenizer
 from kjarni.weights import Weights, check_shapes, load_weights
@@ -75,8 +77,13 @@ def find_model_file(path: Path, prefer: str = "safetensors") -> Path:
     )
 
 
-def load_model(path: str | Path, *, ops: Ops | None = None, prefer: str = "safetensors") -> LoadedModel:
-    """Load the model at ``path`` onto ``ops`` (the numpy backend unless given)."""
+def load_model(
+    path: str | Path, *, ops: Ops | None = None, prefer: str = "safetensors", quiet: bool = True
+) -> LoadedModel:
+    """Load the model at ``path`` onto ``ops`` (the numpy backend unless given).
+
+    With ``quiet=False`` a progress bar on stderr counts the weight bytes converted and uploaded.
+    """
     source = find_model_file(Path(path), prefer)
     ops = ops or NumpyOps()
     weights = load_weights(source)
@@ -91,5 +98,34 @@ def load_model(path: str | Path, *, ops: Ops | None = None, prefer: str = "safet
         generation_config = source / "generation_config.json"
         defaults = GenerationDefaults.from_json(generation_config) if generation_config.exists() else GenerationDefaults()
     check_shapes(weights, config)
-    model = build_model(config, weights, ops)
+    with Progress(_stored_bytes(weights), f"loading {source.name}", quiet) as bar:
+        model = _counting_uploads(ops, bar, lambda: build_model(config, weights, ops))
     return LoadedModel(source, config, tokenizer, defaults, weights, model)
+
+
+def _stored_bytes(weights: Weights) -> int:
+    return sum(_nbytes(weights.raw(name)) for name in weights.names() if weights.alias_of(name) is None)
+
+
+def _nbytes(part: Any) -> int:
+    return int(part.data.nbytes if hasattr(part, "ggml_type") else part.nbytes)
+
+
+def _counting_uploads(ops: Ops, bar: Progress, build: Callable[[], Any]) -> Any:
+    """Run ``build`` with ``ops.weight`` counting each upload's stored bytes on ``bar``.
+
+    The count wraps this one instance for the duration of the load only, so the model code and the
+    backends stay free of progress reporting and nothing is left on the hot path.
+    """
+    upload = ops.weight
+
+    def counted(parts: Any, *, name: str) -> Any:
+        handle = upload(parts, name=name)
+        bar.update(sum(_nbytes(p) for p in (parts if isinstance(parts, (list, tuple)) else [parts])))
+        return handle
+
+    ops.weight = counted  # type: ignore[method-assign]
+    try:
+        return build()
+    finally:
+        del ops.weight  # back to the class's method

@@ -144,3 +144,21 @@ def test_rope_table_is_float32_and_starts_at_identity():
     half = config.head_dim // 2
     np.testing.assert_array_equal(table[0, :half], 1.0)
     np.testing.assert_array_equal(table[0, half:], 0.0)
+
+
+def test_loading_shows_progress_on_stderr_only_unless_quiet(tmp_path, capsys):
+    from kjarni.loader import load_model
+    from tests.test_api import write_tiny_tokenizer
+
+    config = tiny_config("llama", vocab_size=300)
+    tensors = random_state_dict(config, seed=7)
+    save_safetensors_model(tmp_path, config, tensors)
+    write_tiny_tokenizer(tmp_path)
+    ops = NumpyOps()
+    load_model(tmp_path, ops=ops, quiet=False)
+    out, err = capsys.readouterr()
+    total = sum(t.nbytes for n, t in tensors.items())
+    assert out == "" and f"loading {tmp_path.name}" in err and f"{total / 1e3:.1f} kB" in err
+    assert "weight" not in vars(ops)  # the counting wrapper is gone after the load
+    load_model(tmp_path, ops=ops)
+    assert capsys.readouterr() == ("", "")

@@ -372,7 +372,7 @@ class GeneratorBuilder:
         started = time.monotonic()
         _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
         try:
-            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors")
+            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors", quiet=self._quiet)
         except KjarniError:
             raise
         except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
