@@ -78,11 +78,18 @@ def find_model_file(path: Path, prefer: str = "safetensors") -> Path:
 
 
 def load_model(
-    path: str | Path, *, ops: Ops | None = None, prefer: str = "safetensors", quiet: bool = True
+    path: str | Path,
+    *,
+    ops: Ops | None = None,
+    prefer: str = "safetensors",
+    quiet: bool = True,
+    check: Callable[[Weights, ModelConfig], None] | None = None,
 ) -> LoadedModel:
     """Load the model at ``path`` onto ``ops`` (the numpy backend unless given).
 
     With ``quiet=False`` a progress bar on stderr counts the weight bytes converted and uploaded.
+    ``check(weights, config)`` runs after the files are read and before anything is uploaded
+    (the GPU's memory estimate uses it).
     """
     source = find_model_file(Path(path), prefer)
     ops = ops or NumpyOps()
@@ -98,6 +105,8 @@ def load_model(
         generation_config = source / "generation_config.json"
         defaults = GenerationDefaults.from_json(generation_config) if generation_config.exists() else GenerationDefaults()
     check_shapes(weights, config)
+    if check is not None:
+        check(weights, config)
     with Progress(_stored_bytes(weights), f"loading {source.name}", quiet) as bar:
         model = _counting_uploads(ops, bar, lambda: build_model(config, weights, ops))
     return LoadedModel(source, config, tokenizer, defaults, weights, model)

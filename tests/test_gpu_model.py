@@ -187,3 +187,30 @@ def test_quant_types_without_a_kernel_are_converted_at_load_with_a_notice(wgpu_c
     from tests.test_gpu_kernels import upload
 
     np.testing.assert_allclose(ops.read(ops.linear(upload(ops, x), weight)), x @ qt.dequantize().T, atol=1e-4, rtol=1e-4)
+
+
+def test_memory_estimate_matches_what_the_gpu_holds(tmp_path, wgpu_context):
+    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.memory import estimate
+
+    config = quant_config("qwen2")
+    save_safetensors_model(tmp_path, config, random_state_dict(config, seed=2))
+    cfg, weights = ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path)
+    for fmt in ("f16", "f32", "q8_0"):
+        ops = WgpuOps(wgpu_context, weight_format=fmt, kv_format="f16")
+        model = DecoderModel(cfg, weights, ops)
+        found = estimate(weights, cfg, weight_format=fmt, kv_format="f16", context=32)
+        rope_bytes = model.context_size * cfg.head_dim * 4  # the RoPE table, not a weight of the file
+        assert abs(found.weight_bytes + rope_bytes - ops.weight_bytes) <= 0.05 * ops.weight_bytes, fmt
+        assert found.kv_cache_bytes == model.new_cache(32).nbytes
+
+
+def test_a_model_over_the_gpu_memory_budget_is_refused_before_upload(tmp_path, wgpu_context, monkeypatch):
+    from kjarni.errors import GpuUnavailableError
+    from kjarni.generator import Generator
+    from tests.test_api import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "tiny")
+    monkeypatch.setenv("KJARNI_GPU_MEMORY_MB", "0.01")
+    with pytest.raises(GpuUnavailableError, match=r"needs about .* GiB .* budget of 0\.00 GiB"):
+        Generator.builder().model_path(folder).gpu().quiet().build()

@@ -370,11 +370,21 @@ class GeneratorBuilder:
         from kjarni.loader import load_model
 
         started = time.monotonic()
+        estimates: list[Any] = []  # filled by the GPU memory check, for the out-of-memory message
         _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
         try:
-            loaded = load_model(source.path, ops=ops, prefer=self._load_config.prefer or "safetensors", quiet=self._quiet)
+            loaded = load_model(
+                source.path, ops=ops, prefer=self._load_config.prefer or "safetensors", quiet=self._quiet,
+                check=self._gpu_memory_check(ops, estimates, source.name) if device is KjarniDevice.GPU else None,
+            )
         except KjarniError:
             raise
+        except MemoryError as error:  # wgpu's GPUOutOfMemoryError is one
+            where = f" (estimated {estimates[0].describe()})" if estimates else ""
+            raise GpuUnavailableError(
+                f"the GPU ran out of memory loading {source.name}{where}: {error}; try "
+                "with_load_config(lambda c: c.q8_0()), a smaller max_context, or cpu()"
+            ) from error
         except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
             raise LoadFailedError(f"loading {source.path} failed: {type(error).__name__}: {error}") from error
         _notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
@@ -383,6 +393,24 @@ class GeneratorBuilder:
             if params is not None and params > _CPU_WARN_PARAMS:
                 self._warn(f"{source.name} has {source.entry.params} parameters; the numpy CPU backend runs it slowly, gpu() is faster")
         return loaded
+
+    def _gpu_memory_check(self, ops: Any, estimates: list[Any], name: str) -> Callable[[Any, Any], None]:
+        """Refuse a model whose GPU estimate exceeds the context's memory budget, before upload."""
+        from kjarni.gpu.memory import estimate
+
+        def check(weights: Any, config: Any) -> None:
+            context = min(config.max_position_embeddings, self._load_config.max_context or config.max_position_embeddings)
+            found = estimate(weights, config, weight_format=ops.weight_format, kv_format=ops.kv_format, context=context)
+            estimates.append(found)
+            budget = ops.context.memory_budget
+            if budget is not None and found.total_bytes > budget:
+                raise GpuUnavailableError(
+                    f"{name} needs {found.describe()} on the GPU, more than its budget of "
+                    f"{budget / 2**30:.2f} GiB (KJARNI_GPU_MEMORY_MB); try with_load_config(lambda c: c.q8_0()), "
+                    "a smaller max_context, or cpu()"
+                )
+
+        return check
 
     def _resolve_config(self, loaded: Any) -> ResolvedGenerationConfig:
         """kjarni defaults < the model's generation_config < preset < builder."""

@@ -130,6 +130,8 @@ class WgpuContext:
     ``submit_every``: submit after this many recorded dispatches so the GPU starts on the first
     layers while Python records the rest (default None: one submit per read, i.e. per step).
     ``raw_recording``: record dispatches through wgpu-native directly (False: wgpu-py's API).
+    ``memory_budget``: bytes of GPU memory kjarni may use (default ``KJARNI_GPU_MEMORY_MB``, else
+    unknown); a model whose estimate is larger is refused before anything is uploaded.
     Raises `GpuUnavailableError` when no adapter or device can be had.
     """
 
@@ -142,7 +144,13 @@ class WgpuContext:
         use_subgroups: bool = True,
         submit_every: int | None = None,
         raw_recording: bool = True,
+        memory_budget: int | None = None,
     ) -> None:
+        from kjarni.gpu.memory import budget_from_env
+
+        # WebGPU does not report an adapter's memory: the budget is the caller's (or
+        # KJARNI_GPU_MEMORY_MB); models estimated above it are refused before upload.
+        self.memory_budget = memory_budget if memory_budget is not None else budget_from_env()
         self.adapter = find_adapter(adapter_name, backend)
         self.info = dict(self.adapter.info)
         self.description = _describe(self.adapter)
