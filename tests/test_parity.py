@@ -40,3 +40,14 @@ def test_parity_command_prints_text_and_refuses_bad_steps(tiny_model, wgpu_conte
     assert "max |logit diff|" in out and "first divergence none" in out
     assert main(["parity", "--model-path", str(tiny_model), "--prompt", "hi", "--steps", "-1"]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", ["The capital of France is", "def fibonacci(n):"])
+def test_real_smollm2_greedy_tokens_on_the_gpu_equal_numpy_for_16_steps(prompt, wgpu_context):
+    from tests.real_models import SMOLLM2, real_model_path
+
+    report = run_parity(real_model_path(SMOLLM2), prompt, steps=15, weight_format="f16", context=wgpu_context)
+    assert len(report.cpu_tokens) == 16
+    assert report.first_divergence is None, report
+    assert report.gpu_tokens == report.cpu_tokens
