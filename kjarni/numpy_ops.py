@@ -21,6 +21,13 @@ def _as_f32(part: WeightSource) -> np.ndarray:
     return np.ascontiguousarray(part, dtype=np.float32)
 
 
+ATTENTION_BLOCK = 1
+"""Default query rows per attention block, aligned to absolute positions (``NumpyOps.attention``).
+
+One row per block keeps a prefix cache exact to the token (it reuses whole blocks); larger blocks
+run long prefills with fewer, larger products."""
+
+
 class NumpyKVCache:
     """Keys and values, ``[layers, kv_heads, capacity, head_dim]`` each, allocated once."""
 
@@ -45,6 +52,10 @@ class NumpyOps:
     """The CPU backend: plain numpy, float32."""
 
     name = "cpu"
+
+    def __init__(self, attention_block: int = ATTENTION_BLOCK) -> None:
+        # Rows per attention block; a prefix cache reuses whole blocks (see PrefixCache.take).
+        self.attention_block = attention_block
 
     def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> np.ndarray:
         if isinstance(parts, (np.ndarray, QuantTensor)):
@@ -77,7 +88,7 @@ class NumpyOps:
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,
         # 2-3x faster at 2-8 rows and no slower for one row or a long prompt.
-        y = np.ascontiguousarray((weight @ x.T).T)
+        y = (weight @ x.T).T  # column-major for several rows; the ops after it take any layout
         if bias is not None:
             y += bias
         if residual is not None:
@@ -131,17 +142,34 @@ class NumpyOps:
         values = kv_cache.values[layer, :, :length]
         # [kv_heads, groups, tokens, head_dim]: query heads sharing one kv head sit together.
         q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 2, 0, 3)
-        scores = (q @ keys[:, None].swapaxes(-1, -2)) * np.float32(1.0 / np.sqrt(head_dim))
-        positions = start + np.arange(tokens)[:, None]
-        hidden = np.arange(length)[None, :] > positions  # the future
-        if window is not None:
-            hidden |= np.arange(length)[None, :] <= positions - window  # slid out of the window
-        if hidden.any():
-            scores[..., hidden] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        weights = np.exp(scores)
-        weights /= weights.sum(axis=-1, keepdims=True)
-        out = weights @ values[:, None]  # [kv_heads, groups, tokens, head_dim]
+        scale = np.float32(1.0 / np.sqrt(head_dim))
+        out = np.empty_like(q)
+        # Query rows go in blocks aligned to absolute positions (attention_block), each against
+        # exactly the keys up to its last row. A row then gets the same bits whenever it is computed
+        # in the same block, however long the forward: a prompt whose cached head ends on a block
+        # boundary (PrefixCache aligns it) gives the logits of a cold prefill exactly.
+        t = 0
+        while t < tokens:
+            first_position = start + t
+            end = min(tokens, t + self.attention_block - first_position % self.attention_block)
+            length = start + end  # keys 0 .. the block's last row
+            rows = end - t
+            # [kv, groups * rows, head_dim] against [kv, head_dim, keys]: one product per kv head,
+            # without broadcasting (and so copying) the keys to every query head.
+            block = q[:, :, t:end].reshape(num_kv_heads, groups * rows, head_dim)
+            scores = (block @ keys[:, :length].swapaxes(1, 2)).reshape(num_kv_heads, groups, rows, length) * scale
+            positions = first_position + np.arange(rows)[:, None]
+            hidden = np.arange(length)[None, :] > positions  # the future
+            if window is not None:
+                hidden |= np.arange(length)[None, :] <= positions - window  # slid out of the window
+            if hidden.any():
+                scores[..., hidden] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            weights = np.exp(scores)
+            weights /= weights.sum(axis=-1, keepdims=True)
+            mixed = weights.reshape(num_kv_heads, groups * rows, length) @ values[:, :length]
+            out[:, :, t:end] = mixed.reshape(num_kv_heads, groups, rows, head_dim)
+            t = end
         return out.transpose(2, 0, 1, 3).reshape(tokens, num_heads * head_dim)
 
     def silu_mul(self, x: np.ndarray) -> np.ndarray:
