@@ -130,7 +130,8 @@ def _counting_uploads(ops: Ops, bar: Progress, build: Callable[[], Any]) -> Any:
 
     def counted(parts: Any, *, name: str) -> Any:
         handle = upload(parts, name=name)
-        bar.update(sum(_nbytes(p) for p in (parts if isinstance(parts, (list, tuple)) else [parts])))
+        if not name.startswith("rope"):  # RoPE tables are computed, not read from the files
+            bar.update(sum(_nbytes(p) for p in (parts if isinstance(parts, (list, tuple)) else [parts])))
         return handle
 
     ops.weight = counted  # type: ignore[method-assign]
