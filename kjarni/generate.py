@@ -167,6 +167,7 @@ def generate_step(
     kv_cache: KVCache,
     *,
     logprobs: bool = False,
+    max_tokens: int | None = None,
 ) -> Iterator[tuple[int, float | None]]:
     """Endless ``(token_id, logprob)`` pairs; the caller decides when to stop.
 
@@ -175,17 +176,55 @@ def generate_step(
     token for logits). Every sampled token is fed back, visible text or not, but only when the
     next one is asked for: stopping costs no wasted forward. Raises ``ContextOverflowError`` from
     the model once the cache is full.
+
+    Greedy decoding on a backend with ``decode_ahead > 1`` runs ahead instead (`_greedy_ahead`):
+    up to ``max_tokens`` tokens in all, and once the consumer stops the cache is trimmed back to
+    what the step-by-step loop would have fed.
     """
     prompt = [int(t) for t in prompt_ids]
     if kv_cache.offset >= len(prompt):
         kv_cache.trim(kv_cache.offset - len(prompt) + 1)
     history = list(prompt)
     logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
+    if getattr(model.ops, "decode_ahead", 1) > 1 and sampler.greedy and not (sampler.needs_full_logits or logprobs):
+        yield from _greedy_ahead(model, kv_cache, logits, len(prompt), max_tokens)
+        return
     while True:
         token, logprob = choose_token(model, logits, sampler, history, rng, logprobs=logprobs)
         history.append(token)
         yield token, logprob
         logits = decode_one_token(model, kv_cache, token)
+
+
+def _greedy_ahead(
+    model, kv_cache: KVCache, logits: Activation, prompt_length: int, max_tokens: int | None
+) -> Iterator[tuple[int, None]]:
+    """Greedy tokens with the choice left on the device: each step embeds the previous step's
+    argmax (`DeviceTokens`) and is submitted at once, so the CPU records step n + 1 while the GPU
+    runs step n, and ids are read back once per burst. Bursts grow 1, 2, 4 .. ``ops.decode_ahead``
+    (the first token comes as soon as the prefill ends). Steps past ``max_tokens`` or the cache
+    are not run ahead; a consumer asking beyond them gets them one at a time (and the model's
+    ``ContextOverflowError`` at the end of the cache)."""
+    ops = model.ops
+    last = ops.argmax_ahead(logits)
+    pending, chosen, produced, burst = [last], 1, 0, 1
+    try:
+        while True:
+            while len(pending) < burst and (max_tokens is None or chosen < max_tokens) and kv_cache.offset < kv_cache.capacity:
+                last = ops.argmax_ahead(model.forward(last, kv_cache))
+                pending.append(last)
+                chosen += 1
+            if not pending:
+                last = ops.argmax_ahead(model.forward(last, kv_cache))
+                pending.append(last)
+                chosen += 1
+            for ids in ops.read_tokens(pending):
+                produced += 1
+                yield int(ids[0]), None
+            pending, burst = [], min(2 * burst, ops.decode_ahead)
+    finally:
+        # The step-by-step loop has fed every token but the last one it yielded.
+        kv_cache.trim(kv_cache.offset - (prompt_length + max(produced, 1) - 1))
 
 
 # ---------------------------------------------------------------- the stop rules
@@ -262,7 +301,9 @@ def stream_generate(
 
     rng = np.random.default_rng(params.seed)
     if draft is None:
-        steps = generate_step(model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs)
+        steps = generate_step(
+            model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs, max_tokens=params.max_tokens
+        )
     else:
         steps = speculative_step(
             model, draft, prompt, params.sampler(), rng, kv_cache, draft_cache,

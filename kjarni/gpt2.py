@@ -15,7 +15,7 @@ import numpy as np
 from kjarni.config import ModelConfig
 from kjarni.errors import InvalidConfigurationError, InvalidModelError
 from kjarni.model import check_fits
-from kjarni.ops import Activation, KVCache, Ops, Weight
+from kjarni.ops import Activation, DeviceTokens, KVCache, Ops, Weight
 from kjarni.weights import Weights
 
 
@@ -73,10 +73,10 @@ class GPT2Model:
         c = self.config
         return self.ops.new_kv_cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity)
 
-    def forward(self, token_ids: np.ndarray | list[int], kv_cache: KVCache, *, logits: str = "last") -> Activation:
+    def forward(self, token_ids: np.ndarray | list[int] | DeviceTokens, kv_cache: KVCache, *, logits: str = "last") -> Activation:
         """Run ``token_ids`` at positions ``kv_cache.offset ..`` and return logits (see `DecoderModel.forward`)."""
         ops, eps = self.ops, self.config.layer_norm_epsilon
-        ids = np.asarray(token_ids, dtype=np.int32).reshape(-1)
+        ids = token_ids if isinstance(token_ids, DeviceTokens) else np.asarray(token_ids, dtype=np.int32).reshape(-1)
         tokens, start = len(ids), kv_cache.offset
         check_fits(tokens, start, kv_cache)
         positions = np.arange(start, start + tokens, dtype=np.int32)

@@ -16,7 +16,7 @@ import numpy as np
 
 from kjarni.config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
-from kjarni.ops import Activation, KVCache, Ops, Weight
+from kjarni.ops import Activation, DeviceTokens, KVCache, Ops, Weight
 from kjarni.weights import Weights
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3")
@@ -168,14 +168,15 @@ class DecoderModel:
         c = self.config
         return self.ops.new_kv_cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity)
 
-    def forward(self, token_ids: np.ndarray | list[int], kv_cache: KVCache, *, logits: str = "last") -> Activation:
+    def forward(self, token_ids: np.ndarray | list[int] | DeviceTokens, kv_cache: KVCache, *, logits: str = "last") -> Activation:
         """Run ``token_ids`` at positions ``kv_cache.offset ..`` and return logits.
 
         ``logits="last"`` returns ``[1, vocab]`` for the last token (prefill, decode);
-        ``"all"`` returns ``[tokens, vocab]`` (speculative verification, tests).
+        ``"all"`` returns ``[tokens, vocab]`` (speculative verification, tests). ``token_ids`` may
+        be `DeviceTokens` from the backend's ``argmax_ahead`` (greedy decode running ahead).
         """
         ops, eps = self.ops, self.config.rms_norm_eps
-        ids = np.asarray(token_ids, dtype=np.int32).reshape(-1)
+        ids = token_ids if isinstance(token_ids, DeviceTokens) else np.asarray(token_ids, dtype=np.int32).reshape(-1)
         tokens, start = len(ids), kv_cache.offset
         check_fits(tokens, start, kv_cache)
         rope = self.rope_short if start + tokens <= self.short_context else self.rope

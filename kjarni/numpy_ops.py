@@ -52,6 +52,7 @@ class NumpyOps:
     """The CPU backend: plain numpy, float32."""
 
     name = "cpu"
+    decode_ahead = 1  # results are ready when computed: nothing to gain from running ahead
 
     def __init__(self, attention_block: int = ATTENTION_BLOCK) -> None:
         # Rows per attention block; a prefix cache reuses whole blocks (see PrefixCache.take).

@@ -23,6 +23,10 @@ Activations are opaque handles of shape ``[tokens, features]`` (a numpy array on
 GPU buffer view on the GPU). A backend may record work lazily and run it when a result is read
 (`read`, `argmax`, `top_k`), so callers must only look at results through those three.
 
+A backend with ``decode_ahead > 1`` (the GPU) also lets greedy decoding run ahead of the CPU:
+``argmax_ahead`` leaves the chosen ids on the device as `DeviceTokens`, which ``embed`` (and so a
+model forward) accepts in place of ids, and ``read_tokens`` reads a batch of them back at once.
+
 Conventions every backend follows:
 - Weight matrices are ``[out_features, in_features]`` (Hugging Face layout); ``linear`` computes
   ``x @ W.T (+ bias) (+ residual)``.
@@ -66,6 +70,22 @@ Weight = Any
 WeightSource = np.ndarray | QuantTensor
 
 
+class DeviceTokens:
+    """Token ids a backend chose and kept on its device (`argmax_ahead`), not read back yet.
+
+    Feeding one to a forward lets a greedy decode loop record the next step before the CPU knows
+    the token; ``read_tokens`` returns the ids. ``len()`` is the number of tokens (one per row).
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class KVCache(Protocol):
     """Keys and values of every layer, allocated once for ``capacity`` positions.
 
@@ -89,6 +109,9 @@ class Ops(Protocol):
     name: str
     """``"cpu"`` or ``"gpu"``."""
 
+    decode_ahead: int
+    """Greedy tokens a decode loop may choose before reading any back (1: no `argmax_ahead`)."""
+
     def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> Weight:
         """Upload a weight once. A sequence is stacked along rows (fused q/k/v, gate/up).
 
@@ -101,8 +124,9 @@ class Ops(Protocol):
         """Allocate the KV cache for ``capacity`` positions, once per generation (or reuse)."""
         ...
 
-    def embed(self, table: Weight, token_ids: np.ndarray) -> Activation:
-        """Rows of ``table`` for ``token_ids`` (int32, shape ``[tokens]``)."""
+    def embed(self, table: Weight, token_ids: np.ndarray | DeviceTokens) -> Activation:
+        """Rows of ``table`` for ``token_ids`` (int32, shape ``[tokens]``, or `DeviceTokens` where
+        the backend has ``decode_ahead > 1``)."""
         ...
 
     def rms_norm(self, x: Activation, weight: Weight, eps: float) -> Activation: ...
@@ -169,4 +193,14 @@ class Ops(Protocol):
 
     def top_k(self, x: Activation, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` largest values of each row and their indices, sorted descending."""
+        ...
+
+    # Only where decode_ahead > 1:
+
+    def argmax_ahead(self, x: Activation) -> DeviceTokens:
+        """`argmax` of each row, left on the device and started (nothing read back)."""
+        ...
+
+    def read_tokens(self, handles: Sequence[DeviceTokens]) -> list[np.ndarray]:
+        """The ids of each handle (int64 ``[tokens]``), in one readback."""
         ...

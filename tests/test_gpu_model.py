@@ -95,6 +95,58 @@ def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp
     assert stats.last_dispatches == 1 + 6 * 3 + 1 + 2
 
 
+def _generate(model, prompt, count, **kwargs):
+    """The first ``count`` greedy tokens of generate_step, and the cache it used."""
+    from kjarni.generate import generate_step
+    from kjarni.sampling import make_sampler
+
+    cache = model.new_cache(64)
+    steps = generate_step(model, prompt, make_sampler(0.0), np.random.default_rng(0), cache, **kwargs)
+    tokens = [token for token, _ in (next(steps) for _ in range(count))]
+    steps.close()
+    return tokens, cache
+
+
+def test_greedy_decode_running_ahead_gives_the_step_by_step_tokens(tmp_path, gpu_ops):
+    cpu, gpu = _pair(tmp_path, gpu_ops, "qwen2", seed=5)
+    assert gpu_ops.decode_ahead > 1
+    ahead, gpu_cache = _generate(gpu, PROMPT, 32)
+    expected, cpu_cache = _generate(cpu, PROMPT, 32)
+    assert ahead == expected == _greedy(gpu, PROMPT, 32)
+    # Closed after its 32nd token, the cache holds what the step-by-step loop fed: all but that one.
+    assert gpu_cache.offset == cpu_cache.offset == len(PROMPT) + 31
+
+
+def test_greedy_decode_running_ahead_reads_back_once_per_burst(tmp_path, gpu_ops, monkeypatch):
+    _, gpu = _pair(tmp_path, gpu_ops, "llama", num_hidden_layers=2)
+    reads = []
+    read_tokens = gpu_ops.read_tokens
+    monkeypatch.setattr(gpu_ops, "read_tokens", lambda handles: reads.append(len(handles)) or read_tokens(handles))
+    _generate(gpu, PROMPT, 1 + 2 + 4 + 8 + 8)
+    assert reads == [1, 2, 4, 8, 8], "bursts grow from one token (the prefill's) to decode_ahead"
+
+
+def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_path, gpu_ops, monkeypatch):
+    _, gpu = _pair(tmp_path, gpu_ops, "llama", num_hidden_layers=2)
+    forwards = []
+    forward = gpu.forward
+    monkeypatch.setattr(gpu, "forward", lambda ids, cache, **kw: forwards.append(len(ids)) or forward(ids, cache, **kw))
+    tokens, cache = _generate(gpu, PROMPT, 5, max_tokens=5)
+    assert len(forwards) == 1 + 4, "the prompt, then one step per token fed: none past max_tokens"
+    assert cache.offset == len(PROMPT) + 4
+
+    # A consumer going on past max_tokens still gets tokens, then the cache end raises as usual.
+    from kjarni.errors import ContextOverflowError
+    from kjarni.generate import generate_step
+    from kjarni.sampling import make_sampler
+
+    cache = gpu.new_cache(len(PROMPT) + 3)
+    steps = generate_step(gpu, PROMPT, make_sampler(0.0), np.random.default_rng(0), cache, max_tokens=2)
+    assert len([next(steps) for _ in range(4)]) == 4  # 4 tokens: the prefill's and 3 fed back
+    with pytest.raises(ContextOverflowError):
+        next(steps)
+
+
 def test_f16_weights_and_kv_cache_stay_close_to_numpy(tmp_path, wgpu_context):
     from kjarni.gpu import WgpuOps
 

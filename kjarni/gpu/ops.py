@@ -33,7 +33,7 @@ from kjarni.gpu.params import (
     SILU_MUL,
     STEP,
 )
-from kjarni.ops import WeightSource
+from kjarni.ops import DeviceTokens, WeightSource
 from kjarni.weights import QuantTensor
 
 LINEAR_KINDS = ("uniform", "read", "read", "read", "read", "read", "read", "rw")
@@ -51,6 +51,7 @@ DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
 SINGLE_WG = 512  # threads of attention_single
 MAX_TOP_K = 256  # larger k reads the row back and selects on the CPU
+TOKEN_RING_BYTES = 65536  # argmax_ahead's readback ring: 16384 ids, read before that many more are chosen
 
 
 def _fold(workgroups: int) -> tuple[int, int, int]:
@@ -101,6 +102,19 @@ class _SiluMulPending(GpuTensor):
 
     def __repr__(self) -> str:
         return f"GpuTensor{self.shape} (silu_mul pending)"
+
+
+class GpuTokens(DeviceTokens):
+    """Ids chosen by `WgpuOps.argmax_ahead`: ``buffer`` holds them for the next embed, and a copy
+    waits at ``ring_offset`` of the readback ring for `WgpuOps.read_tokens`."""
+
+    __slots__ = ("scratch", "buffer", "ring_offset")
+
+    def __init__(self, scratch: Scratch, count: int, ring_offset: int) -> None:
+        super().__init__(count)
+        self.scratch = scratch
+        self.buffer = scratch.buffer
+        self.ring_offset = ring_offset
 
 
 @dataclass(eq=False)
@@ -175,7 +189,7 @@ class WgpuOps:
     (default: f32 with f32 weights, else f16)."""
 
     name = "gpu"
-    matvec_max_tokens = 8  # up to this many tokens (decode, speculative verify) matrix-vector kernels run, else tiled matmul
+    matvec_max_tokens = 9  # up to this many tokens (decode, speculative verify of k <= 8) matrix-vector kernels run, else tiled matmul
     matmul_min_big_tiles = 1024  # prefill uses 128x128 tiles when it gets this many, else 64x64
     matmul_split_k_below = 512  # fewer 64x64 tiles than this: 4 thread groups split K in each
     matvec_rows = 4  # rows per workgroup of the matvec kernels
@@ -187,11 +201,20 @@ class WgpuOps:
     # matvec_sg / matvec. Empty until measured: assign a new dict (per instance or subclass).
     matvec_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int]]] = {}
     matvec_u_default = True  # rows of <= 2048 columns: matvec_u as the H200 sweep chose (else matvec_sg)
+    # 2 .. matvec_max_tokens tokens (speculative verify): linear_body's matvec_t loads each weight
+    # chunk once for up to 4 x matvec_t_quads tokens, from this many tokens on (set it above
+    # matvec_max_tokens for the per-token kernels: matvec_u / matvec_sg / matvec).
+    matvec_t_min_tokens = 2
+    matvec_t_quads = 3  # token quads per pass of matvec_t (1..3): 12 tokens share each weight load
+    # f16/f32 shapes (rows of a segment, cols) -> (threads, rows) of matvec_t; other shapes: 128
+    # threads on 4 rows (2 when rows are few), 32 threads for >= 65536 rows, 256 on 4 past 2048 cols.
+    matvec_t_configs: ClassVar[dict[tuple[int, int], tuple[int, int]]] = {}
     quant_split_k_min_cols: int | None = None  # quantized decode rows this long: a workgroup per row (SPLIT_K)
     quant_split_k_threads = 256  # threads sharing a row with SPLIT_K
     fuse_silu = True  # decode: silu_mul is applied inside the following linear (LINEAR_SILU)
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
+    decode_ahead = 8  # greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
 
     def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
         if weight_format not in ("f16", "f32", "q8_0"):
@@ -207,6 +230,8 @@ class WgpuOps:
         self._plans: dict[tuple, Any] = {}  # small ops: (pipelines, uniforms, grids) per shape
         self._step_start = -1
         self._step_bytes = b""
+        self._token_ring: Any = None
+        self._ring_cursor = 0
 
     @property
     def stats(self) -> Stats:
@@ -334,17 +359,20 @@ class WgpuOps:
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> WgpuKVCache:
         return WgpuKVCache(self.context, num_layers, num_kv_heads, head_dim, capacity, self.kv_format)
 
-    def embed(self, table: GpuWeight, token_ids: np.ndarray) -> GpuTensor:
+    def embed(self, table: GpuWeight, token_ids: np.ndarray | GpuTokens) -> GpuTensor:
         ctx = self.context
-        ids = np.asarray(token_ids).reshape(-1)
         rows, cols = table.shape
-        if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
-            raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
-        tokens = int(ids.size)
-        # One ids buffer per table: GPT-2 gathers token and position rows in the same step.
-        id_buffer = ctx.step_buffer(
-            "ids:" + table.name, ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384
-        )
+        if isinstance(token_ids, GpuTokens):  # chosen on the GPU by argmax_ahead: in range by construction
+            tokens, id_buffer = len(token_ids), token_ids.buffer
+        else:
+            ids = np.asarray(token_ids).reshape(-1)
+            if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
+                raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
+            tokens = int(ids.size)
+            # One ids buffer per table: GPT-2 gathers token and position rows in the same step.
+            id_buffer = ctx.step_buffer(
+                "ids:" + table.name, ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384
+            )
         out = self._new(tokens, cols)
         for seg in table.segments:
             pipeline = self._pipeline(seg, seg.embed_kernel, EMBED_KINDS, "main")
@@ -459,6 +487,16 @@ class WgpuOps:
                 return pipeline, params, (min(seg.rows, 65535), 1, 1)
             pipeline = self._pipeline(seg, seg.linear_kernel, LINEAR_KINDS, "main")
             return pipeline, params, (quant.workgroup_count(seg.rows, subgroups=ctx.has_subgroups), 1, 1)
+        if self.matvec_t_min_tokens <= tokens <= self.matvec_max_tokens and ctx.has_subgroups:
+            # Several tokens (speculative verify): matvec_t applies each weight chunk to up to
+            # 4 x quads tokens held in registers; long rows split K over 256 threads as matvec does.
+            quads = max(1, min(self.matvec_t_quads, 3, -(-tokens // 4)))
+            threads, r = self.matvec_t_configs.get((seg.rows, cols)) or (
+                (32 if seg.rows >= 65536 else 128, 4 if seg.rows >= 1024 else 2) if -(-cols // 8) <= 256 else (256, 4)
+            )
+            constants = {"WG": threads, "R": r, "Q": quads}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_t", constants=constants)
+            return pipeline, params, _fold(-(-seg.rows // r))
         config = self.matvec_configs.get((seg.rows, cols)) if tokens <= self.matvec_max_tokens and ctx.has_subgroups else None
         if config is not None:
             # A configuration measured for this shape (tools/sweep_matvec.py): matvec_u with
@@ -668,6 +706,40 @@ class WgpuOps:
         return np.frombuffer(data, dtype=np.float32).reshape(tokens, features).copy()
 
     def argmax(self, x: GpuTensor) -> np.ndarray:
+        out = self._argmax(x)
+        data = self.context.read(out.buffer, 0, x.shape[0] * 4)
+        return np.frombuffer(data, dtype=np.uint32).astype(np.int64)
+
+    def argmax_ahead(self, x: GpuTensor) -> GpuTokens:
+        """`argmax` left on the GPU and submitted: a forward can embed the result before the CPU
+        reads it (`read_tokens`), so a greedy loop records step n + 1 while the GPU runs step n."""
+        ctx = self.context
+        tokens = x.shape[0]
+        out = self._argmax(x)
+        if self._token_ring is None:
+            self._token_ring = ctx.storage(TOKEN_RING_BYTES, "token ring")
+        if self._ring_cursor + 4 * tokens > TOKEN_RING_BYTES:
+            self._ring_cursor = 0
+        ctx.copy(out.buffer, 0, self._token_ring, self._ring_cursor, 4 * tokens)
+        handle = GpuTokens(out, tokens, self._ring_cursor)
+        self._ring_cursor += 4 * tokens
+        ctx.flush()
+        return handle
+
+    def read_tokens(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
+        ring, counts = self._token_ring, [len(h) for h in handles]
+        offsets = [h.ring_offset for h in handles]
+        contiguous = all(offsets[i + 1] == offsets[i] + 4 * counts[i] for i in range(len(handles) - 1))
+        if not contiguous:  # the ring wrapped between them
+            return [ids for h in handles for ids in self.read_tokens([h])]
+        if not handles:
+            return []
+        data = self.context.read(ring, offsets[0], 4 * sum(counts))
+        ids = np.frombuffer(data, dtype=np.uint32).astype(np.int64)
+        return np.split(ids, np.cumsum(counts[:-1]))
+
+    def _argmax(self, x: GpuTensor) -> Scratch:
+        """Records the argmax of each row of ``x`` into a new ``[tokens]`` u32 buffer."""
         ctx = self.context
         tokens, cols = x.shape
         chunks = -(-cols // 2048)
@@ -677,8 +749,7 @@ class WgpuOps:
         buffers = (params, x.buffer, partial.buffer, out.buffer)
         ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="chunks"), buffers, (chunks, tokens, 1))
         ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="main"), buffers, (1, tokens, 1))
-        data = ctx.read(out.buffer, 0, tokens * 4)
-        return np.frombuffer(data, dtype=np.uint32).astype(np.int64)
+        return out
 
     def top_k(self, x: GpuTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         ctx = self.context
