@@ -1,7 +1,11 @@
-// The quantized linear family's shared body: Params, bindings, the token tile and both entry
+// The quantized linear family's shared body: Params, bindings, the token tile and the entry
 // points. A format file (linear_q*.wgsl) defines UNIT, `unit_values(row, u)` (the 8 weights of
 // unit u of a row) and `unit_col(u, k)` (the column of their k-th vec4), then includes this.
-// Grid: (quant.workgroup_count(rows), 1, 1); rows are strided over, so any grid is correct.
+// Entry points: main (subgroup per row, a tile of 4 tokens per pass), main_t (subgroup per row,
+// QT tiles = up to 12 tokens per pass: each unit dequantized once for all of them; speculative
+// verify), main_shared (workgroup per row, no subgroups). quant.shader_source keeps the subgroup
+// ones or main_shared. Grid: (quant.workgroup_count(rows), 1, 1); rows are strided over, so any
+// grid is correct.
 
 struct Params {
     rows: u32,        // output features of this dispatch (a row chunk of the weight)
@@ -168,6 +172,113 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let ss = subgroupAdd(p.ss);
             if (lane == 0u) {
                 finish_row(row, t0, nt, acc, ss);
+            }
+        }
+    }
+}
+
+// Several tokens (speculative verify): as main's subgroup per row, but one pass takes up to QT
+// tiles (4 QT tokens), so each unit is loaded and dequantized once for all of them.
+override QT: u32 = 3u;  // tiles per pass of main_t (1, 2 or 3)
+
+struct Partials {
+    p0: Partial,  // tokens t0 .. t0 + 3
+    p1: Partial,  // t0 + 4 .. t0 + 7
+    p2: Partial,  // t0 + 8 .. t0 + 11
+}
+
+// Applies dequantized unit u (values v) to the pass's tiles of n.x, n.y, n.z tokens (n.y, n.z may
+// be 0). Three pointers, not one to Partials: naga 29 fails on a pointer to a member of a pointee.
+fn apply_unit_t(p0: ptr<function, Partial>, p1: ptr<function, Partial>, p2: ptr<function, Partial>,
+                v: array<vec4<f32>, UNIT / 4u>, u: u32, t0: u32, n: vec3<u32>) {
+    for (var k = 0u; k < UNIT / 4u; k++) {
+        let c = unit_col(u, k);
+        add4(p0, v[k], c, t0, n.x);
+        if (n.y > 0u) {
+            add4(p1, v[k], c, t0 + 4u, n.y);
+        }
+        if (n.z > 0u) {
+            add4(p2, v[k], c, t0 + 8u, n.z);
+        }
+    }
+}
+
+// row_partial for the pass's tiles: units lane, lane + team, ..., four loaded before any is used.
+fn row_partials(row: u32, t0: u32, n: vec3<u32>, lane: u32, team: u32) -> Partials {
+    var p0 = Partial(vec4<f32>(0.0), vec4<f32>(0.0));
+    var p1 = p0;
+    var p2 = p0;
+    let units = params.cols / UNIT;
+    var u = lane;
+    while (u + 3u * team < units) {
+        let v0 = unit_values(row, u);
+        let v1 = unit_values(row, u + team);
+        let v2 = unit_values(row, u + 2u * team);
+        let v3 = unit_values(row, u + 3u * team);
+        apply_unit_t(&p0, &p1, &p2, v0, u, t0, n);
+        apply_unit_t(&p0, &p1, &p2, v1, u + team, t0, n);
+        apply_unit_t(&p0, &p1, &p2, v2, u + 2u * team, t0, n);
+        apply_unit_t(&p0, &p1, &p2, v3, u + 3u * team, t0, n);
+        u += 4u * team;
+    }
+    while (u < units) {
+        apply_unit_t(&p0, &p1, &p2, unit_values(row, u), u, t0, n);
+        u += team;
+    }
+    return Partials(p0, p1, p2);
+}
+
+// Sums a tile's partials over the subgroup (the sums of squares only with the fused norm) and lane
+// 0 writes its nt tokens.
+fn finish_tile(p: Partial, row: u32, t0: u32, nt: u32, lane: u32) {
+    let acc = subgroupAdd(p.acc);
+    var ss = p.ss;
+    if ((params.flags & 4u) != 0u) {
+        ss = subgroupAdd(ss);
+    }
+    if (lane == 0u) {
+        finish_row(row, t0, nt, acc, ss);
+    }
+}
+
+// Keeps slot a (lanes with bit m clear) or b (bit m set) and adds the partner lane's copy of it:
+// one shuffle halves the slots a lane holds.
+fn fold(a: vec4<f32>, b: vec4<f32>, lane: u32, m: u32) -> vec4<f32> {
+    let upper = (lane & m) != 0u;
+    return select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), m);
+}
+
+@compute @workgroup_size(WG)
+fn main_t(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
+          @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
+    for (var row = wg.x * nsg + sg; row < params.rows; row += nwg.x * nsg) {
+        for (var t0 = 0u; t0 < params.tokens; t0 += 4u * QT) {
+            let left = params.tokens - t0;  // tokens of the pass's tiles: 4, 4, then the rest
+            let n = vec3<u32>(min(left, 4u), select(0u, min(left - 4u, 4u), QT > 1u && left > 4u),
+                              select(0u, min(left - 8u, 4u), QT > 2u && left > 8u));
+            let p = row_partials(row, t0, n, lane, sg_size);
+            if (QT == 1u) {
+                finish_tile(p.p0, row, t0, n.x, lane);
+                continue;
+            }
+            // 8 slots (tile k's sums at 2k, its sums of squares at 2k + 1, two spare) halved over
+            // lane ^ 1 and lane ^ 2 (4 + 2 shuffles), then xor-added: 12 vec4 shuffles on 32 lanes
+            // instead of 30 for 6 subgroupAdds. Lane 0 then holds tile 0, lane 2 tile 1, lane 1 tile 2.
+            let zero = vec4<f32>(0.0);
+            let u0 = fold(p.p0.acc, p.p2.acc, lane, 1u);
+            let u1 = fold(p.p0.ss, p.p2.ss, lane, 1u);
+            let u2 = fold(p.p1.acc, zero, lane, 1u);
+            let u3 = fold(p.p1.ss, zero, lane, 1u);
+            var acc = fold(u0, u2, lane, 2u);
+            var ss = fold(u1, u3, lane, 2u);
+            for (var m = 4u; m < min(sg_size, WG); m <<= 1u) {
+                acc += subgroupShuffleXor(acc, m);
+                ss += subgroupShuffleXor(ss, m);
+            }
+            let k = min(2u * (lane & 1u) + ((lane >> 1u) & 1u), 2u);  // the tile lane 0, 1, 2 holds
+            if (lane < 3u && n[k] > 0u) {
+                finish_row(row, t0 + 4u * k, n[k], acc, ss);
             }
         }
     }

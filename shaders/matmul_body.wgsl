@@ -5,7 +5,8 @@
 // Bindings and Params: the linear family (docs/gpu-kernels.md): params, x [tokens, cols], w_a, w_b,
 // bias, residual, norm_weight, y [tokens, y_stride].
 // Math: y[t, row_offset + r] = s_t sum_c x[t, c] nw[c] W[r, c] (+ bias) (+ residual), where
-//   nw = norm_weight and s_t = 1 / sqrt(mean(x[t]^2) + eps) when flags bit 2, else nw = s_t = 1.
+//   nw = norm_weight and s_t = 1 / sqrt(mean(x[t]^2) + eps) when flags bit 2, else nw = s_t = 1;
+//   with flags bit 3, x[t, c] = silu(g[t, c]) up[t, c] of x = [gate | up] (silu_mul fused).
 //   f32 products and f32 accumulation whatever the weight format.
 // Tile: TX x TX threads (override TX = 8 or 16) own a BM x BN = 8 TX tokens x 8 TX rows output
 //   tile; each thread holds 8 tokens x 8 rows in 16 vec4 registers (tokens 4 ty .. and BM/2 + 4 ty ..,
@@ -57,10 +58,12 @@ var<workgroup> ws: array<vec4<f32>, 2u * TX * TX * KSPLIT>;
 var<workgroup> ss_sh: array<f32, TX * TX * KSPLIT>;  // per-loader sums of squares (fused norm)
 
 // 8 values of x's row t from column c (zeros past cols), times norm_weight when flags bit 2;
-// adds the raw values' squares to ss.
+// adds the raw values' squares to ss. With flags bit 3, x is [tokens, 2 cols] = [gate | up] and
+// the values are silu(gate) * up.
 fn load_x8(t: u32, c: u32, ss: ptr<function, f32>) -> W8 {
     let cols = params.cols;
-    let base = t * cols;
+    let silu = (params.flags & 8u) != 0u;
+    let base = t * cols * select(1u, 2u, silu);
     let last = cols - 1u;
     var a = vec4<f32>(
         select(0.0, x[base + min(c, last)], c < cols),
@@ -72,6 +75,19 @@ fn load_x8(t: u32, c: u32, ss: ptr<function, f32>) -> W8 {
         select(0.0, x[base + min(c + 5u, last)], c + 5u < cols),
         select(0.0, x[base + min(c + 6u, last)], c + 6u < cols),
         select(0.0, x[base + min(c + 7u, last)], c + 7u < cols));
+    if (silu) {
+        let u = base + cols;
+        a = a / (1.0 + exp(-a)) * vec4<f32>(
+            select(0.0, x[u + min(c, last)], c < cols),
+            select(0.0, x[u + min(c + 1u, last)], c + 1u < cols),
+            select(0.0, x[u + min(c + 2u, last)], c + 2u < cols),
+            select(0.0, x[u + min(c + 3u, last)], c + 3u < cols));
+        b = b / (1.0 + exp(-b)) * vec4<f32>(
+            select(0.0, x[u + min(c + 4u, last)], c + 4u < cols),
+            select(0.0, x[u + min(c + 5u, last)], c + 5u < cols),
+            select(0.0, x[u + min(c + 6u, last)], c + 6u < cols),
+            select(0.0, x[u + min(c + 7u, last)], c + 7u < cols));
+    }
     if ((params.flags & 4u) != 0u) {
         *ss += dot(a, a) + dot(b, b);
         a *= vec4<f32>(norm_weight[min(c, last)], norm_weight[min(c + 1u, last)],

@@ -202,10 +202,101 @@ def test_matvec_u_configurations_match_numpy(wgpu_context):
         for cfg in ((32, 1, 1), (64, 2, 2), (128, 4, 4), (256, 4, 1), (32, 4, 4)):
             ops = WgpuOps(wgpu_context, weight_format="f16")
             ops.matvec_configs = {(rows, cols): cfg}
+            ops.matvec_t_min_tokens = 3  # 2 tokens through matvec_u's token loop, not matvec_t
             gw = ops.weight(w, name="w")
             got = ops._linear(upload(ops, x), gw, ops.weight(b, name="b"), upload(ops, res), ops.weight(nw, name="n"), 1e-5)
             assert gw.plans and all(p[0][0][0].kjarni_name == "linear_f16:matvec_u" for p in gw.plans.values())
             np.testing.assert_allclose(ops.read(got), want, atol=2e-2, rtol=2e-2)
+
+
+FLAG_COMBINATIONS = [(b, r, n, s) for b in (0, 1) for r in (0, 1) for n in (0, 1) for s in (0, 1)]
+
+
+def _flagged_linear(ops, rng, weight, w_ref, tokens, bias, residual, norm, silu):
+    """`ops._linear` with the given flags (silu: x is a pending silu_mul of ``[gate | up]``) and
+    its numpy reference."""
+    rows, cols = w_ref.shape
+    h = rand(rng, tokens, 2 * cols if silu else cols)
+    b, r, nw = rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
+    x = ref.silu_mul(h) if silu else h
+    want = ref.norm_linear(x, nw, 1e-5, w_ref) if norm else ref.linear(x, w_ref)
+    want = want + (b if bias else 0) + (r if residual else 0)
+    gx = ops.silu_mul(upload(ops, h)) if silu else upload(ops, h)
+    got = ops._linear(gx, weight, ops.weight(b, name="b") if bias else None, upload(ops, r) if residual else None,
+                      ops.weight(nw, name="n") if norm else None, 1e-5)
+    return ops.read(got), want
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("tokens", [2, 3, 4, 5, 6, 7, 8, 9, 13])
+def test_matvec_t_matches_numpy_for_several_tokens_with_every_flag(wgpu_context, fmt, tokens):
+    """linear_body's matvec_t (each weight chunk applied to up to 12 tokens, speculative verify)
+    for 2..9 tokens and 13 (two passes), every combination of bias, residual, fused norm and fused
+    silu, on odd widths (element-wise x loads), widths of 4 mod 8 and 0 mod 8 (vec4 loads), rows
+    not a multiple of R, and rows past 2048 columns (256 threads split K)."""
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec_t needs subgroups")
+    ops = WgpuOps(wgpu_context, weight_format=fmt)
+    ops.matvec_max_tokens = 13
+    rng = np.random.default_rng(tokens)
+    for rows, cols in ((29, 37), (1030, 72), (9, 2100)):
+        w = rand(rng, rows, cols)
+        w_ref = w if fmt == "f32" else f16_round(w)
+        gw = ops.weight(w, name="w")
+        for flags in FLAG_COMBINATIONS:
+            got, want = _flagged_linear(ops, rng, gw, w_ref, tokens, *flags)
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"{rows}x{cols} flags {flags}")
+        assert {p[0][0][0].kjarni_name for p in gw.plans.values()} == {f"linear_{fmt}:matvec_t"}
+
+
+def test_matvec_t_configurations_match_numpy(wgpu_context):
+    """Every (threads, rows) of matvec_t through `matvec_t_configs`, with one to three token quads
+    per pass (9 tokens in passes of 4 + 4 + 1, 8 + 1, or one pass), bias, residual and norm."""
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec_t needs subgroups")
+    rng = np.random.default_rng(13)
+    rows, cols = 37, 300
+    w = rand(rng, rows, cols)
+    for cfg in ((32, 1), (64, 2), (128, 4), (256, 4), (32, 4)):
+        for quads in (1, 2, 3):
+            ops = WgpuOps(wgpu_context, weight_format="f16")
+            ops.matvec_t_configs = {(rows, cols): cfg}
+            ops.matvec_t_quads = quads
+            gw = ops.weight(w, name="w")
+            got, want = _flagged_linear(ops, rng, gw, f16_round(w), 9, 1, 1, 1, 0)
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"{cfg} quads {quads}")
+
+
+def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kernels(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec_t needs subgroups")
+    rng = np.random.default_rng(14)
+
+    def kernel(ops, weight, tokens):
+        ops.linear(upload(ops, rand(rng, tokens, weight.shape[1])), weight)
+        return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
+
+    ops = WgpuOps(wgpu_context, weight_format="f16")
+    assert ops.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
+    short, long = ops.weight(rand(rng, 40, 64), name="short"), ops.weight(rand(rng, 12, 2064), name="long")
+    assert kernel(ops, short, 1) == "linear_f16:matvec_u" and kernel(ops, long, 1) == "linear_f16:matvec"
+    for tokens in range(2, ops.matvec_max_tokens + 1):
+        assert kernel(ops, short, tokens) == kernel(ops, long, tokens) == "linear_f16:matvec_t"
+    assert kernel(ops, short, ops.matvec_max_tokens + 1) == "matmul_f16:main"
+    ops.matvec_t_min_tokens = ops.matvec_max_tokens + 1  # the per-token kernels, to compare
+    assert kernel(ops, ops.weight(rand(rng, 40, 64), name="w"), 5) == "linear_f16:matvec_u"
+    q8 = WgpuOps(wgpu_context, weight_format="q8_0")
+    wq = q8.weight(rand(rng, 40, 64), name="wq")
+    assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "linear_q8_0:main"
+    assert {kernel(q8, wq, tokens) for tokens in range(2, q8.matvec_max_tokens + 1)} == {"linear_q8_0:main_t"}
+    q8.quant_t_min_tokens = q8.matvec_max_tokens + 1
+    assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq2"), 5) == "linear_q8_0:main"
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])

@@ -54,7 +54,7 @@ def upload(ops, array):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("fmt", ["f32", "f16"])
-@pytest.mark.parametrize("tokens,rows,cols", [(9, 29, 37), (70, 131, 72), (130, 200, 1100), (300, 9, 17), (67, 33, 513)])
+@pytest.mark.parametrize("tokens,rows,cols", [(10, 29, 37), (70, 131, 72), (130, 200, 1100), (300, 9, 17), (67, 33, 513)])
 def test_prefill_matmul_matches_numpy_with_bias_residual_and_fused_norm(make_ops, variant, fmt, tokens, rows, cols):
     ops = make_ops(fmt, variant)
     rng = np.random.default_rng(tokens * rows + cols)
@@ -82,7 +82,7 @@ def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
 
 def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
     rng = np.random.default_rng(0)
-    x, w = rand(rng, 9, 300), rand(rng, 20, 300)
+    x, w = rand(rng, 10, 300), rand(rng, 20, 300)  # 10 tokens: past matvec_max_tokens (9)
     expected = {"tile128": {"TX": 16, "KSPLIT": 1}, "tile64": {"TX": 8, "KSPLIT": 1}, "tile64_split_k": {"TX": 8, "KSPLIT": 4}}
     for variant, constants in expected.items():
         ops = make_ops("f32", variant)
@@ -98,7 +98,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
     rng = np.random.default_rng(1)
-    x, small, short = upload(ops, rand(rng, 9, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 9, 8))
+    x, small, short = upload(ops, rand(rng, 10, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 10, 8))
     calls = _recorded_constants(monkeypatch, wgpu_context)
     ops.linear(x, small)  # one 64x64 tile: K split over 4 groups
     ops.matmul_min_big_tiles = 1
@@ -130,3 +130,24 @@ def test_prefill_matmul_of_quantized_weights_matches_numpy_dequantized(make_ops,
     expected = ref.norm_linear(x, nw, 1e-5, w)
     np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=1e-4)
     assert any(k[0] == "matmul_" + qtype.name.lower() for k in ops.context._pipelines)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "q8_0"])
+def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, fmt):
+    # silu_mul(gate_up) followed by the down projection: no silu_mul dispatch, same values.
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format=fmt)
+    rng = np.random.default_rng(7)
+    tokens, cols, rows = 70, 96, 45
+    gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
+    gw = ops.weight(w, name="w")
+    w_ref = {"f32": w, "f16": f16_round(w)}.get(fmt)
+    if w_ref is None:
+        w_ref = gguf.quants.dequantize(gguf.quants.quantize(w, T.Q8_0), T.Q8_0).reshape(w.shape)
+    before = ops.stats.dispatches
+    got = ops.read(ops.linear(ops.silu_mul(upload(ops, gate_up)), gw, residual=upload(ops, r)))
+    expected = ref.linear(ref.silu_mul(gate_up), w_ref, None, r)
+    np.testing.assert_allclose(got, expected, atol=2e-4 * max(1.0, np.abs(expected).max()), rtol=1e-4)
+    kernels_run = ops.stats.dispatches - before
+    assert kernels_run == 3, "the two uploads (an embed each) and one matmul: no silu_mul dispatch"

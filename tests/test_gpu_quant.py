@@ -119,25 +119,27 @@ class Harness:
         )
         self.pipelines: dict[str, object] = {}
 
-    def pipeline(self, kernel: str):
-        if kernel not in self.pipelines:
+    def pipeline(self, kernel: str, entry: str = "main", constants: dict | None = None):
+        key = f"{kernel}:{entry}:{sorted((constants or {}).items())}"
+        if key not in self.pipelines:
             module = self.device.create_shader_module(code=quant.shader_source(kernel, subgroups=self.subgroups))
-            self.pipelines[kernel] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": "main"}
+            self.pipelines[key] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": module, "entry_point": entry, "constants": constants or {}}
             )
-        return self.pipelines[kernel]
+        return self.pipelines[key]
 
     def storage(self, array: np.ndarray):
         data = np.ascontiguousarray(array).tobytes() or b"\0" * 16
         usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
         return self.device.create_buffer_with_data(data=data + b"\0" * (-len(data) % 16), usage=usage)
 
-    def run(self, kernel: str, params: tuple, inputs: list, out, groups: int) -> None:
+    def run(self, kernel: str, params: tuple, inputs: list, out, groups: int, entry: str = "main",
+            constants: dict | None = None) -> None:
         """Dispatch ``kernel`` with bindings (params, *inputs, out) into the existing buffer ``out``."""
         uniform = self.device.create_buffer_with_data(
             data=struct.pack("<6IfI", *params), usage=self.wgpu.BufferUsage.UNIFORM
         )
-        pipeline = self.pipeline(kernel)
+        pipeline = self.pipeline(kernel, entry, constants)
         entries = [{"binding": 0, "resource": {"buffer": uniform}}]
         for i, buf in enumerate([*inputs, out], start=1):
             entries.append({"binding": i, "resource": {"buffer": buf}})
@@ -155,8 +157,10 @@ class Harness:
         return np.frombuffer(self.device.queue.read_buffer(buf), dtype=np.float32)[:count].reshape(shape).copy()
 
     def linear(self, rw: quant.RepackedWeight, x, bias=None, residual=None, norm=None, eps=1e-5,
-               chunk_bytes: int | None = None, silu: bool = False) -> np.ndarray:
-        """``silu``: x is ``[tokens, 2 cols]`` = ``[gate | up]`` (flags bit 3)."""
+               chunk_bytes: int | None = None, silu: bool = False, entry: str = "main",
+               constants: dict | None = None) -> np.ndarray:
+        """``silu``: x is ``[tokens, 2 cols]`` = ``[gate | up]`` (flags bit 3). ``entry``, ``constants``:
+        the entry point (``main_t`` for several tokens) and its overrides."""
         tokens, cols = x.shape[0], rw.cols
         rows = rw.rows
         flags = (bias is not None) | (residual is not None) << 1 | (norm is not None) << 2 | int(silu) << 3
@@ -169,7 +173,7 @@ class Harness:
         for chunk in quant.split_rows(rw, chunk_bytes or self.max_binding):
             params = (chunk.rows, cols, tokens, flags, chunk.row_offset, rows, eps, 0)
             self.run(chunk.kernel, params, [xb, self.storage(chunk.w_a), self.storage(chunk.w_b), *common], y,
-                     quant.workgroup_count(chunk.rows, subgroups=self.subgroups))
+                     quant.workgroup_count(chunk.rows, subgroups=self.subgroups), entry, constants)
         return self.read(y, (tokens, rows))
 
     def embed(self, rw: quant.RepackedWeight, ids: np.ndarray, chunk_bytes: int | None = None) -> np.ndarray:
@@ -256,6 +260,36 @@ def test_linear_kernel_applies_silu_of_gate_times_up_with_flag_bit_3(qtype, toke
     x = gate / (np.float32(1) + np.exp(-gate)) * up
     got = h.linear(quant.repack(qt), gate_up, residual=residual, silu=True)
     assert_close(got, reference_linear(qt.dequantize(), x, residual=residual))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_main_t_matches_numpy_for_several_tokens_with_every_flag(qtype):
+    """`main_t` (each unit dequantized once for up to 3 tiles of 4 tokens: speculative verify), for
+    every combination of bias, residual, fused norm and fused silu; Q8_0 at 2..9 tokens and 13 (two
+    passes), the other formats at 3, 9 and 13; then 9 tokens in passes of 1 and 2 tiles."""
+    h = harness()
+    if not h.subgroups:
+        pytest.skip("main_t needs subgroups")
+    rows, cols = odd_shape(qtype)
+    qt = random_quant(qtype, rows, cols, seed=8)
+    rw, w = quant.repack(qt), qt.dequantize()
+    rng = np.random.default_rng(8)
+    counts = [2, 3, 4, 5, 6, 7, 8, 9, 13] if qtype == T.Q8_0 else [3, 9, 13]
+    for tokens in counts:
+        tiles = min(3, -(-tokens // 4))
+        for bias_on, residual_on, norm_on, silu in [(b, r, n, s) for b in (0, 1) for r in (0, 1) for n in (0, 1) for s in (0, 1)]:
+            h_in = rng.standard_normal((tokens, 2 * cols if silu else cols)).astype(np.float32)
+            x = h_in[:, :cols] / (np.float32(1) + np.exp(-h_in[:, :cols])) * h_in[:, cols:] if silu else h_in
+            bias = rng.standard_normal(rows).astype(np.float32) if bias_on else None
+            residual = rng.standard_normal((tokens, rows)).astype(np.float32) if residual_on else None
+            norm = rng.uniform(0.5, 1.5, cols).astype(np.float32) if norm_on else None
+            got = h.linear(rw, h_in, bias, residual, norm, silu=bool(silu), entry="main_t", constants={"QT": tiles})
+            assert_close(got, reference_linear(w, x, bias, residual, norm))
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    for tiles in (1, 2):
+        got = h.linear(rw, x, residual=x[:, :rows], entry="main_t", constants={"QT": tiles})
+        assert_close(got, reference_linear(w, x, residual=x[:, :rows]))
 
 
 @pytest.mark.gpu

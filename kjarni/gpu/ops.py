@@ -201,17 +201,19 @@ class WgpuOps:
     # matvec_sg / matvec. Empty until measured: assign a new dict (per instance or subclass).
     matvec_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int]]] = {}
     matvec_u_default = True  # rows of <= 2048 columns: matvec_u as the H200 sweep chose (else matvec_sg)
-    # 2 .. matvec_max_tokens tokens (speculative verify): linear_body's matvec_t loads each weight
-    # chunk once for up to 4 x matvec_t_quads tokens, from this many tokens on (set it above
-    # matvec_max_tokens for the per-token kernels: matvec_u / matvec_sg / matvec).
+    # Several tokens (speculative verify), from these minimums to matvec_max_tokens: linear_body's
+    # matvec_t (f16/f32) and the quantized main_t load each weight chunk once for up to 4 x
+    # matvec_t_quads tokens. A minimum above matvec_max_tokens keeps the per-token kernels (compare).
     matvec_t_min_tokens = 2
-    matvec_t_quads = 3  # token quads per pass of matvec_t (1..3): 12 tokens share each weight load
+    quant_t_min_tokens = 2
+    matvec_t_quads = 3  # token quads (tiles of 4) per pass of matvec_t / main_t: 1, 2 or 3
     # f16/f32 shapes (rows of a segment, cols) -> (threads, rows) of matvec_t; other shapes: 128
-    # threads on 4 rows (2 when rows are few), 32 threads for >= 65536 rows, 256 on 4 past 2048 cols.
+    # threads on 4 rows (2 under 1024 rows), 32 threads from 65536 rows, 256 on 4 past 2048 columns.
     matvec_t_configs: ClassVar[dict[tuple[int, int], tuple[int, int]]] = {}
     quant_split_k_min_cols: int | None = None  # quantized decode rows this long: a workgroup per row (SPLIT_K)
     quant_split_k_threads = 256  # threads sharing a row with SPLIT_K
-    fuse_silu = True  # decode: silu_mul is applied inside the following linear (LINEAR_SILU)
+    fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
+    prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
     decode_ahead = 8  # greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
@@ -428,11 +430,16 @@ class WgpuOps:
             ]
         for (pipeline, _, grid, _, _), group in zip(dispatches, bound):
             ctx.dispatch_group(pipeline, group, grid)
+        if tokens > self.matvec_max_tokens and ctx.stats.pending_dispatches >= self.prefill_submit_every:
+            ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next
         return out
 
     def _silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
-        """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``)."""
-        return tokens <= self.matvec_max_tokens and weight.kind == "matrix"
+        """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``): the
+        matrix-vector kernels and matmul_body.wgsl do; a format without a matmul kernel does not."""
+        if weight.kind != "matrix":
+            return False
+        return tokens <= self.matvec_max_tokens or all(kernels.exists("matmul_" + s.format.lower()) for s in weight.segments)
 
     def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b)], bind group cache, rows, (bias, norm) buffers)."""
@@ -476,6 +483,16 @@ class WgpuOps:
             pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants={"TX": tx, "KSPLIT": ksplit})
             return pipeline, params, (-(-seg.rows // (8 * tx)), -(-tokens // (8 * tx)), 1)
         if not seg.dense:
+            if self.quant_t_min_tokens <= tokens <= self.matvec_max_tokens and ctx.has_subgroups:
+                # Several tokens: `main_t` dequantizes each unit once for up to 4 x tiles tokens.
+                def source_t() -> str:
+                    return quant.shader_source(seg.linear_kernel, subgroups=True)
+
+                constants = {"QT": max(1, min(self.matvec_t_quads, 3, -(-tokens // 4)))}
+                pipeline = ctx.pipeline(
+                    seg.linear_kernel, LINEAR_KINDS, entry="main_t", constants=constants, source=source_t, flags=("quant",)
+                )
+                return pipeline, params, (quant.workgroup_count(seg.rows), 1, 1)
             min_cols = self.quant_split_k_min_cols
             if tokens <= self.matvec_max_tokens and ctx.has_subgroups and min_cols is not None and cols >= min_cols:
                 # Long rows, few of them (down_proj): the whole workgroup shares each row (SPLIT_K).
@@ -651,7 +668,7 @@ class WgpuOps:
         return out
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:
-        if self.fuse_silu and x.shape[0] <= self.matvec_max_tokens and type(x) is GpuTensor:
+        if self.fuse_silu and type(x) is GpuTensor:
             return _SiluMulPending(self, x)  # the next linear applies it while loading (LINEAR_SILU)
         return self._silu_mul_now(x)
 
