@@ -353,7 +353,16 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--prefill-only", action="store_true", help="time prefill only, with GPU time per kernel")
     parser.add_argument("--tuning", metavar="JSON", help="kernel choices from tools/sweep_matvec.py --tuning-out")
+    parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
+                        help="override a WgpuOps class attribute (an int or float), e.g. matvec_t_quads=2")
     args = parser.parse_args()
+    from kjarni.gpu import WgpuOps
+
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(WgpuOps, name):
+            parser.error(f"WgpuOps has no attribute {name!r}")
+        setattr(WgpuOps, name, float(value) if "." in value else int(value))
     tuning = _apply_tuning(args.tuning) if args.tuning else None
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
@@ -365,7 +374,8 @@ def main() -> None:
 
     ctx = WgpuContext(args.adapter)
     shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
-    report = {"adapter": ctx.description, "features": sorted(ctx.features), "tuning": tuning, "results": []}
+    report = {"adapter": ctx.description, "features": sorted(ctx.features), "tuning": tuning, "set": args.set,
+              "results": []}
     for shape in shapes:
         for fmt in args.formats.split(","):
             try:
