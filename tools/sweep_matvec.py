@@ -2,7 +2,7 @@
 
 For each of Qwen2.5-0.5B's five decode matrices (qkv 1152x896 with norm + bias, o_proj 896x896
 with residual, gate_up 9728x896 with norm, down 896x4864 reading silu(gate) * up plus residual,
-LM head 151936x896 with norm), one token, and each weight format (f16, Q8_0, Q5_0; Q4_K where the
+LM head 151936x896 with norm), one token (``--tokens N``: N, see below), and each weight format (f16, Q8_0, Q5_0; Q4_K where the
 row length allows), every candidate configuration of the linear kernels is timed with timestamp
 queries around one compute pass of ``--reps`` back-to-back dispatches (median of ``--passes``
 passes). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
@@ -15,6 +15,21 @@ Variants (shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
 - quantized ``sg WG=w``: ``main`` (a subgroup per row, w / 32 rows per workgroup); ``sgfold``: the
   same with the grid folded to 8 workgroups per SM-ish (1056); ``split WG=w``: ``main`` with
   ``SPLIT_K`` (the whole workgroup on one row).
+
+``--tokens N`` (N > 1; speculative verify): x is [N, cols] ([N, 2 cols] for down), the residual and
+the output [N, rows], and every variant is checked against numpy on all N rows. The variants above
+run at N tokens (they loop over the tokens, a 4-token tile per pass for ``main``), plus the
+multi-token kernels as WgpuOps._linear_plan dispatches them:
+- f16 ``t WG=w R=r Q=q``: ``matvec_t`` (w threads in 32, 64, 128, 256 on r in 1, 2, 4 rows, q token
+  quads per pass in 1 .. min(3, ceil(N / 4)), as WgpuOps.matvec_t_quads is limited), grid
+  ``_fold(ceil(rows / r))``.
+- quantized ``t WG=w QT=q``: ``main_t`` (a subgroup per row, w in 32, 64, 128, 256; q tiles of 4
+  tokens per pass in 1 .. min(3, ceil(N / 4))), grid ceil(rows / (w / 32)) workgroups (at most
+  65535; for WG = 128, the one kjarni uses, that is ``quant.workgroup_count(rows)``).
+The results carry ``"ops": true`` on the variant WgpuOps would pick at N tokens; the report
+records ``"tokens"`` and ``"suggest"`` names the matvec_t / main_t settings of the winners
+(``--tuning-out`` is for one token only). ``--variants t,u`` keeps only the variants whose label
+starts with one of the given words (families: f16 sg, wg, u, t; quantized sg, sgfold, split, t).
 
 Then (unless ``--no-prefill``) runs ``tools/bench_gpu.py --prefill-only`` for the per-kernel GPU
 time of one 512-token prefill. Prints one JSON document (``--out`` also writes it) and a summary
@@ -37,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kjarni.gpu import quant
 from kjarni.gpu.context import WgpuContext
-from kjarni.gpu.ops import LINEAR_KINDS, _fold
+from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, _fold
 from kjarni.gpu.params import (
     LINEAR,
     LINEAR_BIAS,
@@ -129,7 +144,7 @@ class Bench:
 
     def run_shape(self, name: str, fmt: str, rows: int, cols: int, flags: int, rng) -> list[dict]:
         ctx, a = self.ctx, self.args
-        tokens = 1
+        tokens = a.tokens
         silu = bool(flags & LINEAR_SILU)
         x = rng.standard_normal((tokens, cols * (2 if silu else 1)), dtype=np.float32)
         bias = rng.standard_normal(rows, dtype=np.float32) * 0.1
@@ -176,7 +191,11 @@ class Bench:
                 (bb, 0, bb.size), (rb, 0, rb.size), (nb_, 0, nb_.size), (yb, 0, yb.size)]) for i in range(copies)]
 
         results = []
-        for label, pipeline, grid in self.variants(fmt, rows, cols):
+        families = set(a.variants.split(",")) if a.variants else None
+        picked = ops_choice(fmt, rows, cols, tokens)
+        for label, pipeline, grid in self.variants(fmt, rows, cols, tokens):
+            if families is not None and label.split()[0] not in families:
+                continue
             try:
                 groups = groups_for(pipeline)
                 enc = self.dev.create_command_encoder()
@@ -192,14 +211,18 @@ class Bench:
                 results.append({"shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
                                 "gb_s": round(nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
                                 "grid": list(grid)})
+                if tokens > 1:
+                    results[-1]["ops"] = label == picked
             except Exception as exc:  # noqa: BLE001 (a variant that fails to compile must not end the sweep)
                 results.append({"shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         return results
 
-    def variants(self, fmt: str, rows: int, cols: int):
+    def variants(self, fmt: str, rows: int, cols: int, tokens: int = 1):
+        """(label, pipeline, grid) of every candidate; with tokens > 1 also matvec_t / main_t."""
         ctx = self.ctx
         chunks = -(-cols // 8)
+        quads = range(1, max(1, min(3, -(-tokens // 4))) + 1)  # token quads (tiles) a pass can use
         if fmt == "f16":
             for r in (1, 2, 4):
                 p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_sg", constants={"R": r, "WG": 256})
@@ -214,6 +237,12 @@ class Bench:
                     for r in (1, 2, 4):
                         p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_u", constants={"R": r, "WG": wg, "U": u})
                         yield f"u WG={wg} R={r} U={u}", p, _fold(-(-rows // r))
+            if tokens > 1:
+                for wg in (32, 64, 128, 256):
+                    for r in (1, 2, 4):
+                        for q in quads:
+                            p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_t", constants={"WG": wg, "R": r, "Q": q})
+                            yield f"t WG={wg} R={r} Q={q}", p, _fold(-(-rows // r))
             return
         kernel = "linear_" + fmt
 
@@ -228,6 +257,48 @@ class Bench:
                 yield f"sgfold WG={wg}", p, (1056, 1, 1)
             p = ctx.pipeline(kernel, LINEAR_KINDS, constants={"WG": wg, "SPLIT_K": True}, source=src, flags=("quant",))
             yield f"split WG={wg}", p, (min(rows, 65535), 1, 1)
+        if tokens > 1:
+            for wg in (32, 64, 128, 256):
+                for q in quads:
+                    p = ctx.pipeline(kernel, LINEAR_KINDS, entry="main_t", constants={"WG": wg, "QT": q}, source=src,
+                                     flags=("quant",))
+                    yield f"t WG={wg} QT={q}", p, (min(-(-rows // (wg // 32)), 65535), 1, 1)
+
+
+def ops_choice(fmt: str, rows: int, cols: int, tokens: int) -> str | None:
+    """The label of the variant WgpuOps._linear_plan dispatches at `tokens` (> 1) tokens, if swept."""
+    if tokens > WgpuOps.matvec_max_tokens:
+        return None  # the tiled matmul, not swept here
+    q = max(1, min(WgpuOps.matvec_t_quads, 3, -(-tokens // 4)))
+    if fmt == "f16" and tokens >= WgpuOps.matvec_t_min_tokens:
+        threads, r = WgpuOps.matvec_t_configs.get((rows, cols)) or (
+            (32 if rows >= 65536 else 128, 4 if rows >= 1024 else 2) if -(-cols // 8) <= 256 else (256, 4)
+        )
+        return f"t WG={threads} R={r} Q={q}"
+    if fmt != "f16" and tokens >= WgpuOps.quant_t_min_tokens:
+        return f"t WG=128 QT={q}"  # main_t's WG is the shader's default, 128
+    return None
+
+
+def suggest_multi(report: dict) -> dict:
+    """At several tokens: per (shape, format), the best matvec_t / main_t variant, the best of the
+    others (the per-token kernels), and the variant WgpuOps picks; plus WgpuOps.matvec_t_configs
+    from the f16 winners among the matvec_t variants."""
+    out, configs = {}, {}
+    for r in report["results"]:
+        if "gb_s" not in r or not r["ok"]:
+            continue
+        entry = out.setdefault(f"{r['shape']} {r['format']}", {})
+        for key in ("t" if r["variant"].startswith("t ") else "other", "ops" if r.get("ops") else None):
+            if key and (key not in entry or r["us"] < entry[key]["us"]):
+                entry[key] = {"variant": r["variant"], "us": r["us"], "gb_s": r["gb_s"]}
+    for name, entry in out.items():
+        shape, fmt = name.split()
+        if fmt == "f16" and "t" in entry:
+            wg, rr, _ = (int(part.split("=")[1]) for part in entry["t"]["variant"].split()[1:])
+            rows, cols, _ = SHAPES[shape]
+            configs[f"({rows}, {cols})"] = f"({wg}, {rr})"
+    return {"matvec_t_configs": "{" + ", ".join(f"{k}: {v}" for k, v in configs.items()) + "}", "per_shape": out}
 
 
 def main() -> None:
@@ -235,7 +306,9 @@ def main() -> None:
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--formats", default="f16,q8_0,q5_0,q4_k")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=1, help="tokens per product (> 1: also matvec_t / main_t)")
+    parser.add_argument("--variants", default=None, help="only these label families, e.g. t,u (f16: sg wg u t; quantized: sg sgfold split t)")
+    parser.add_argument("--reps", type=int, default=100, help="dispatches per timed pass")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--l2-bytes", type=int, default=384 << 20, help="bytes of weight copies cycled through")
     parser.add_argument("--max-copies", type=int, default=64)
@@ -244,11 +317,15 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--tuning-out", default=None, help="write the suggested settings as JSON for bench_gpu.py --tuning")
     args = parser.parse_args()
+    if args.tokens < 1:
+        parser.error("--tokens must be at least 1")
+    if args.tuning_out and args.tokens > 1:
+        parser.error("--tuning-out writes the one-token settings: leave out --tokens (see the report's suggest)")
     if args.quick:
         args.reps, args.passes, args.max_copies = 3, 1, 2
     bench = Bench(args)
     rng = np.random.default_rng(0)
-    report = {"adapter": bench.ctx.description, "results": []}
+    report = {"adapter": bench.ctx.description, "tokens": args.tokens, "results": []}
     for name in args.shapes.split(","):
         rows, cols, flags = SHAPES[name]
         if args.quick:
@@ -265,7 +342,7 @@ def main() -> None:
     for r in report["results"]:
         if "gb_s" in r and r["ok"]:
             k = (r["shape"], r["format"])
-            if k not in best or r["gb_s"] > best[k]["gb_s"]:
+            if k not in best or r["us"] < best[k]["us"]:  # not gb_s: rounded to 0.1, it ties on slow adapters
                 best[k] = r
     report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"]}
                       for k, v in best.items()]
@@ -282,6 +359,8 @@ def main() -> None:
         "matvec_configs": "{" + ", ".join(f"{k}: {v}" for k, v in configs.items()) + "}",
         "quant_split_k_min_cols": min(split_cols) if split_cols and (not plain_cols or min(split_cols) > max(plain_cols)) else None,
     }
+    if args.tokens > 1:  # the one-token settings above mean nothing here
+        report["suggest"] = suggest_multi(report)
     if args.tuning_out:
         Path(args.tuning_out).write_text(json.dumps({
             "matvec_configs": [[*SHAPES[r["shape"]][:2], *(int(p.split("=")[1]) for p in r["variant"].split()[1:])]
@@ -307,7 +386,18 @@ def main() -> None:
     print("BEST:", file=sys.stderr)
     for b in report["best"]:
         print(f"  {b['shape']:8s} {b['format']:5s} {b['variant']:22s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s", file=sys.stderr)
-    print("SUGGEST:", json.dumps(report["suggest"]), file=sys.stderr)
+    if args.tokens > 1:
+        print(f"{args.tokens} TOKENS: the best matvec_t / main_t, the best per-token kernel, WgpuOps' pick:", file=sys.stderr)
+        for name, e in report["suggest"]["per_shape"].items():
+            parts = [f"{what} {e[k]['variant']} {e[k]['us']:.2f} us"
+                     for k, what in (("t", "multi"), ("other", "per-token"), ("ops", "ops")) if k in e]
+            print(f"  {name:14s} " + " | ".join(parts), file=sys.stderr)
+        print("SUGGEST: matvec_t_configs", report["suggest"]["matvec_t_configs"], file=sys.stderr)
+    else:
+        print("SUGGEST:", json.dumps(report["suggest"]), file=sys.stderr)
+    bad = [f"{r['shape']} {r['format']} {r['variant']}" for r in report["results"] if not r.get("ok")]
+    print(f"CHECK: {len(report['results']) - len(bad)} of {len(report['results'])} variants match numpy"
+          + (f"; failed or errored: {bad}" if bad else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":
