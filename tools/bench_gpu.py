@@ -205,6 +205,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
                 result[key + "gpu_us_per_step"] = round(1e6 * sum(times.values()), 1)
                 result[key + "kernels_us"] = {k: {"us": round(1e6 * v, 1), "n": counts[k]}
                                               for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
+            result["verify_k8_gpu_over_decode"] = round(result["verify_k8_gpu_us_per_step"] / result["gpu_us_per_step"], 2)
         except Exception as exc:  # timestamps are optional
             ctx._profile = None
             result["kernels_us"] = f"unavailable: {exc}"
@@ -233,18 +234,20 @@ def _decode_ahead(model, cache, prompt, steps: int) -> float:
 def _verify_costs(model, ops, cache, token: int, steps: int) -> dict[str, float]:
     """Speculative verification: ms for the target's forward over the last token and k drafts
     (k + 1 rows, logits of every row, a greedy choice per row read back) at the current context,
-    k = 0 .. 8; k = 0 is a plain decode step."""
-    costs = {}
-    for k in range(0, 9):
-        tokens = [token] * (k + 1)
-        int(ops.argmax(model.forward(tokens, cache, logits="all"))[0])  # compiles this shape
+    k = 0 .. 8; k = 0 is a plain decode step. The k are interleaved round by round (the host's
+    speed drifts) and each gets the median of its ``steps`` rounds."""
+    times: dict[int, list[float]] = {k: [] for k in range(9)}
+    for k in times:  # compile every shape first
+        ops.argmax(model.forward([token] * (k + 1), cache, logits="all"))
         cache.trim(k + 1)
-        t0 = time.perf_counter()
-        for _ in range(steps):
+    for _ in range(steps):
+        for k in times:
+            tokens = [token] * (k + 1)
+            t0 = time.perf_counter()
             ops.argmax(model.forward(tokens, cache, logits="all"))
+            times[k].append(time.perf_counter() - t0)
             cache.trim(k + 1)
-        costs[str(k)] = round(1000 * (time.perf_counter() - t0) / steps, 3)
-    return costs
+    return {str(k): round(1000 * float(np.median(v)), 3) for k, v in times.items()}
 
 
 def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> dict:
