@@ -178,8 +178,9 @@ def generate_step(
     the model once the cache is full.
 
     Greedy decoding on a backend with ``decode_ahead > 1`` runs ahead instead (`_greedy_ahead`):
-    up to ``max_tokens`` tokens in all, and once the consumer stops the cache is trimmed back to
-    what the step-by-step loop would have fed.
+    up to ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string)
+    leaves up to ``decode_ahead - 1`` steps computed for nothing, and the cache is then trimmed
+    back to what the step-by-step loop would have fed.
     """
     prompt = [int(t) for t in prompt_ids]
     if kv_cache.offset >= len(prompt):
