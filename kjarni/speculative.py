@@ -151,6 +151,13 @@ def _propose(
     # Catch up on what the draft has not seen: the last token, plus the previous round's last
     # proposal or resampled token when the target accepted everything.
     logits = draft.forward(np.asarray(seq[draft_cache.offset :], dtype=np.int32), draft_cache, logits="last")
+    ops = draft.ops
+    if sampler.greedy and not sampler.needs_full_logits and getattr(ops, "decode_ahead", 1) > 1:
+        # Each proposal feeds the next on the device (argmax_ahead): k steps, one readback.
+        handles = [ops.argmax_ahead(logits)]
+        for _ in range(k - 1):
+            handles.append(ops.argmax_ahead(draft.forward(handles[-1], draft_cache, logits="last")))
+        return [int(ids[0]) for ids in ops.read_tokens(handles)], []
     drafts: list[int] = []
     probs: list[np.ndarray] = []
     for i in range(k):
