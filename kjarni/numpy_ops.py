@@ -21,11 +21,14 @@ def _as_f32(part: WeightSource) -> np.ndarray:
     return np.ascontiguousarray(part, dtype=np.float32)
 
 
-ATTENTION_BLOCK = 1
-"""Default query rows per attention block, aligned to absolute positions (``NumpyOps.attention``).
+ATTENTION_ROWS = 64
+"""Query rows per attention step: bounds the scores buffer to rows x heads x keys."""
 
-One row per block keeps a prefix cache exact to the token (it reuses whole blocks); larger blocks
-run long prefills with fewer, larger products."""
+KEY_CHUNK = 256
+"""Keys per chunk of the softmax sum and of the value product, chunks aligned to position 0.
+
+Below OpenBLAS's sgemm K block (448 with its SkylakeX kernels, measured), so each chunk's product
+runs over its keys in one pass, whatever the batch (see ``_attend``)."""
 
 
 class NumpyKVCache:
@@ -54,9 +57,9 @@ class NumpyOps:
     name = "cpu"
     decode_ahead = 1  # results are ready when computed: nothing to gain from running ahead
 
-    def __init__(self, attention_block: int = ATTENTION_BLOCK) -> None:
-        # Rows per attention block; a prefix cache reuses whole blocks (see PrefixCache.take).
-        self.attention_block = attention_block
+    def __init__(self, attention_rows: int = ATTENTION_ROWS) -> None:
+        # Query rows per attention step: any value gives the same numbers (see _attend), only speed.
+        self.attention_rows = attention_rows
 
     def weight(self, parts: WeightSource | Sequence[WeightSource], *, name: str) -> np.ndarray:
         if isinstance(parts, (np.ndarray, QuantTensor)):
@@ -138,39 +141,14 @@ class NumpyOps:
         _, num_kv_heads, _, head_dim = kv_cache.keys.shape
         num_heads = q.shape[1] // head_dim
         groups = num_heads // num_kv_heads
-        length = start + tokens
-        keys = kv_cache.keys[layer, :, :length]  # [kv_heads, length, head_dim]
-        values = kv_cache.values[layer, :, :length]
-        # [kv_heads, groups, tokens, head_dim]: query heads sharing one kv head sit together.
+        # [kv_heads, groups, tokens, head_dim], scaled: query heads sharing one kv head sit together.
         q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 2, 0, 3)
-        scale = np.float32(1.0 / np.sqrt(head_dim))
+        q = np.multiply(q, np.float32(1.0 / np.sqrt(head_dim)), order="C")
+        keys, values = kv_cache.keys[layer], kv_cache.values[layer]  # [kv_heads, capacity, head_dim]
         out = np.empty_like(q)
-        # Query rows go in blocks aligned to absolute positions (attention_block), each against
-        # exactly the keys up to its last row. A row then gets the same bits whenever it is computed
-        # in the same block, however long the forward: a prompt whose cached head ends on a block
-        # boundary (PrefixCache aligns it) gives the logits of a cold prefill exactly.
-        t = 0
-        while t < tokens:
-            first_position = start + t
-            end = min(tokens, t + self.attention_block - first_position % self.attention_block)
-            length = start + end  # keys 0 .. the block's last row
-            rows = end - t
-            # [kv, groups * rows, head_dim] against [kv, head_dim, keys]: one product per kv head,
-            # without broadcasting (and so copying) the keys to every query head.
-            block = q[:, :, t:end].reshape(num_kv_heads, groups * rows, head_dim)
-            scores = (block @ keys[:, :length].swapaxes(1, 2)).reshape(num_kv_heads, groups, rows, length) * scale
-            positions = first_position + np.arange(rows)[:, None]
-            hidden = np.arange(length)[None, :] > positions  # the future
-            if window is not None:
-                hidden |= np.arange(length)[None, :] <= positions - window  # slid out of the window
-            if hidden.any():
-                scores[..., hidden] = -np.inf
-            scores -= scores.max(axis=-1, keepdims=True)
-            weights = np.exp(scores)
-            weights /= weights.sum(axis=-1, keepdims=True)
-            mixed = weights.reshape(num_kv_heads, groups * rows, length) @ values[:, :length]
-            out[:, :, t:end] = mixed.reshape(num_kv_heads, groups, rows, head_dim)
-            t = end
+        for t in range(0, tokens, self.attention_rows):
+            end = min(tokens, t + self.attention_rows)
+            out[:, :, t:end] = _attend(q[:, :, t:end], keys, values, start + t, window)
         return out.transpose(2, 0, 1, 3).reshape(tokens, num_heads * head_dim)
 
     def silu_mul(self, x: np.ndarray) -> np.ndarray:
@@ -204,6 +182,67 @@ class NumpyOps:
 
 
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def _attend(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_position: int, window: int | None
+) -> np.ndarray:
+    """Attention of scaled query rows ``[kv_heads, groups, rows, head_dim]`` at consecutive positions.
+
+    A row gets the same bits however many rows it is computed with, so a prefix cache's tail
+    prefill matches a cold prefill exactly. Each step is elementwise, exact (the max), or a sum
+    whose terms and order depend only on the row's position: scores are dot products over
+    ``head_dim``; the softmax sum and the value product go over chunks of KEY_CHUNK keys aligned to
+    position 0, each summed whole (a hidden key weighs exactly 0), then chunk after chunk. (One
+    product over all the keys would not do: BLAS splits a long sum where the total length says,
+    and that length is the batch's.) Every product spans whole chunks, a cache ending inside one
+    being zero-filled, which also keeps a short prompt's products off BLAS's small-matrix kernels
+    (they round differently).
+    """
+    num_kv_heads, groups, rows, head_dim = q.shape
+    height = groups * rows
+    q = q.reshape(num_kv_heads, height, head_dim)
+    last_position = first_position + rows - 1
+    chunks = last_position // KEY_CHUNK + 1
+    width = chunks * KEY_CHUNK
+    whole = min(chunks, keys.shape[1] // KEY_CHUNK)  # chunks the cache holds in full
+    held = whole * KEY_CHUNK
+    scores = np.empty((num_kv_heads, height, width), dtype=np.float32)
+    # One product per kv head, without broadcasting (and so copying) the keys to every query head.
+    np.matmul(q, keys[:, :held].swapaxes(1, 2), out=scores[:, :, :held])
+    if held < width:  # the cache ends inside the last chunk: zeros for its missing (hidden) keys
+        np.matmul(q, _zero_filled(keys[:, held:], KEY_CHUNK).swapaxes(1, 2), out=scores[:, :, held:])
+    by_row = scores.reshape(num_kv_heads, groups, rows, width)
+    positions = np.arange(first_position, last_position + 1)[:, None]
+    future = np.arange(first_position + 1, width)[None, :] > positions
+    np.copyto(by_row[..., first_position + 1 :], -np.inf, where=future)
+    if window is not None and last_position >= window:  # keys that slid out of some row's window
+        gone = np.arange(last_position - window + 1)[None, :] <= positions - window
+        np.copyto(by_row[..., : last_position - window + 1], -np.inf, where=gone)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+
+    by_chunk = scores.reshape(num_kv_heads, height, chunks, KEY_CHUNK)
+    sums = by_chunk.sum(axis=-1)  # [kv_heads, height, chunks]
+    products = by_chunk[:, :, :whole].swapaxes(1, 2) @ values[:, :held].reshape(
+        num_kv_heads, whole, KEY_CHUNK, head_dim)  # [kv_heads, chunks, height, head_dim]
+    if held < width:
+        last = by_chunk[:, :, whole] @ _zero_filled(values[:, held:], KEY_CHUNK)
+        products = np.concatenate((products, last[:, None]), axis=1)
+    mixed = np.zeros((num_kv_heads, height, head_dim), dtype=np.float32)
+    total = np.zeros((num_kv_heads, height), dtype=np.float32)
+    for chunk in range(chunks):  # in order; a chunk a row does not see adds exact zeros
+        mixed += products[:, chunk]
+        total += sums[:, :, chunk]
+    mixed /= total[:, :, None]
+    return mixed.reshape(num_kv_heads, groups, rows, head_dim)
+
+
+def _zero_filled(part: np.ndarray, positions: int) -> np.ndarray:
+    """``part`` (``[kv_heads, n, head_dim]``, ``n <= positions``) followed by zeros up to ``positions``."""
+    filled = np.zeros((part.shape[0], positions, part.shape[2]), dtype=np.float32)
+    filled[:, : part.shape[1]] = part
+    return filled
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -46,7 +46,6 @@ class PrefixCache:
         self._context_size = min(model.context_size, context_size or model.context_size)
         self.capacity = min(capacity, self._context_size)
         self.kv_cache: KVCache = model.new_cache(self.capacity)
-        self._block = getattr(model.ops, "attention_block", 1)
         self._ids: list[int] = []  # the tokens positions 0 .. len - 1 of kv_cache hold
         self._taken: list[int] = []  # the prompt of the generation the cache is lent to
         self._lent = False
@@ -80,13 +79,11 @@ class PrefixCache:
         if not prompt or len(prompt) >= self.capacity or needed > self.capacity:
             self._lent = False
             return None
-        # Reuse whole attention blocks of the backend (NumpyOps.attention_block; 1 elsewhere) and
-        # leave at least two prompt tokens to prefill: NumpyOps then computes every remaining row
-        # exactly as a cold prefill would (same attention blocks; a product of two or more rows is
-        # batch-invariant at real model sizes, one row takes BLAS's matrix-vector path and rounds
-        # differently). It costs at most a block plus one re-prefilled token.
+        # Leave at least two prompt tokens to prefill: NumpyOps then computes every remaining row
+        # exactly as a cold prefill would (its attention gives a row the same bits in any batch; a
+        # product of two or more rows is batch-invariant at real model sizes, one row takes BLAS's
+        # matrix-vector path and rounds differently). It costs at most one re-prefilled token.
         shared = min(_shared_prefix(self._ids, prompt), max(len(prompt) - 2, 0))
-        shared -= shared % self._block
         self.kv_cache.trim(self.kv_cache.offset - shared)
         self._ids = prompt[:shared]
         self._taken = prompt

@@ -137,6 +137,41 @@ def test_numpy_top_k_sorts_descending_and_breaks_ties_by_lowest_id():
     assert ops.argmax(row)[0] == 1
 
 
+@pytest.mark.parametrize(
+    "capacity, tokens, window", [(1100, 1090, None), (2048, 1090, None), (1100, 1090, 300), (24, 20, None)]
+)
+def test_numpy_attention_gives_a_row_the_same_bits_in_any_batch(capacity, tokens, window):
+    """What makes a prefix cache exact: a row's attention does not depend on the rows around it.
+
+    Qwen2.5-0.5B's head shapes (2 kv heads of 64, 7 query heads each): rows computed in one
+    prefill, in steps of other sizes, or as a tail after a cached head are equal bit for bit, and
+    within float32 rounding of a float64 softmax. The caches of 1100 and 24 positions end inside a
+    key chunk; 24 also makes every product small.
+    """
+    rng = np.random.default_rng(3)
+    kv_heads, groups, head_dim = 2, 7, 64
+    cache = NumpyOps().new_kv_cache(1, kv_heads, head_dim, capacity)
+    cache.keys[0] = rng.standard_normal(cache.keys.shape[1:], dtype=np.float32)
+    cache.values[0] = rng.standard_normal(cache.values.shape[1:], dtype=np.float32)
+    q = rng.standard_normal((tokens, kv_heads * groups * head_dim), dtype=np.float32)
+    whole = NumpyOps(attention_rows=tokens).attention(q, cache, 0, 0, window)
+    for rows in (1, 7, 64):
+        np.testing.assert_array_equal(NumpyOps(attention_rows=rows).attention(q, cache, 0, 0, window), whole)
+    for head in (2, tokens // 2, tokens - 2):  # a tail prefill after a cached head, as PrefixCache leaves it
+        np.testing.assert_array_equal(NumpyOps().attention(q[head:], cache, 0, head, window), whole[head:])
+
+    for p in sorted({0, 255, 256, tokens - 1} & set(range(tokens))):
+        keys = cache.keys[0, :, : p + 1].astype(np.float64)
+        query = q[p].reshape(kv_heads, groups, head_dim).astype(np.float64) / 8.0
+        scores = np.einsum("hgd,hkd->hgk", query, keys)
+        if window is not None:
+            scores[..., : max(0, p - window + 1)] = -np.inf
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        expected = np.einsum("hgk,hkd->hgd", weights, cache.values[0, :, : p + 1])
+        np.testing.assert_allclose(whole[p], expected.reshape(-1), atol=2e-6, rtol=0)
+
+
 def test_rope_table_is_float32_and_starts_at_identity():
     config = ModelConfig.from_dict(tiny_config("llama"))
     table = rope_table(config, 10)
