@@ -28,28 +28,7 @@
 // xn = x, or x / sqrt(mean(x^2) + eps) * norm_weight when flags bit 2 is set; with flags bit 3, x is
 // [tokens, 2 cols] = [gate | up] and the product reads silu(gate) * up (silu_mul fused in).
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    tokens: u32,
-    flags: u32,
-    row_offset: u32,
-    y_stride: u32,
-    eps: f32,
-    _pad: u32,
-}
-
-struct W8 {
-    a: vec4<f32>,
-    b: vec4<f32>,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> residual: array<f32>;
-@group(0) @binding(6) var<storage, read> norm_weight: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y: array<f32>;
+// #include linear_params.wgsl
 
 override WG: u32 = 64u;
 override R: u32 = 4u;
@@ -416,12 +395,7 @@ fn reduce_quad(q: Quad, n: u32, sg_id: u32, sg_lane: u32) {
     }
 }
 
-// Keeps slot a (lanes with bit m clear) or b (bit m set) and adds the partner lane's copy of it:
-// one shuffle halves the slots a lane holds.
-fn fold(a: vec4<f32>, b: vec4<f32>, sg_lane: u32, m: u32) -> vec4<f32> {
-    let upper = (sg_lane & m) != 0u;
-    return select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), m);
-}
+// #include subgroup_fold.wgsl
 
 // Sums the 16 slots (qa, qb, qc's tokens, then their sums of squares, then a spare) over the
 // subgroup in 24 vec4 shuffles on 32 lanes instead of 16 x 5: lanes halve them with lane ^ 1, then

@@ -241,12 +241,7 @@ fn finish_tile(p: Partial, row: u32, t0: u32, nt: u32, lane: u32) {
     }
 }
 
-// Keeps slot a (lanes with bit m clear) or b (bit m set) and adds the partner lane's copy of it:
-// one shuffle halves the slots a lane holds.
-fn fold(a: vec4<f32>, b: vec4<f32>, lane: u32, m: u32) -> vec4<f32> {
-    let upper = (lane & m) != 0u;
-    return select(a, b, upper) + subgroupShuffleXor(select(b, a, upper), m);
-}
+// #include subgroup_fold.wgsl
 
 @compute @workgroup_size(WG)
 fn main_t(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

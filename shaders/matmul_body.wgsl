@@ -26,28 +26,7 @@
 // Loops over registers are written out by hand: naga emits `while`-shaped loops that drivers may
 // not unroll, and a private array indexed by a loop counter then lives in (slow) local memory.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    tokens: u32,
-    flags: u32,
-    row_offset: u32,
-    y_stride: u32,
-    eps: f32,
-    _pad: u32,
-}
-
-struct W8 {
-    a: vec4<f32>,
-    b: vec4<f32>,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> residual: array<f32>;
-@group(0) @binding(6) var<storage, read> norm_weight: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y: array<f32>;
+// #include linear_params.wgsl
 
 override TX: u32 = 16u;     // threads per side; tile 8 TX x 8 TX, K step TX (a multiple of 8)
 override KSPLIT: u32 = 1u;  // thread groups splitting K (1, or even)
