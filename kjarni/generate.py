@@ -211,11 +211,13 @@ def _greedy_ahead(
     pending, chosen, produced, burst = [last], 1, 0, 1
     try:
         while True:
-            while len(pending) < burst and (max_tokens is None or chosen < max_tokens) and kv_cache.offset < kv_cache.capacity:
-                last = ops.argmax_ahead(model.forward(last, kv_cache))
-                pending.append(last)
-                chosen += 1
-            if not pending:
+            # Run ahead while the burst has room and the step is sure to be wanted; a consumer
+            # asking past that gets one step at a time (`not pending`).
+            while not pending or (
+                len(pending) < burst
+                and (max_tokens is None or chosen < max_tokens)
+                and kv_cache.offset < kv_cache.capacity
+            ):
                 last = ops.argmax_ahead(model.forward(last, kv_cache))
                 pending.append(last)
                 chosen += 1
