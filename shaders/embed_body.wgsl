@@ -3,21 +3,7 @@
 // Grid (min(tokens, 65535), 1, 1): workgroups stride over tokens, threads over 8-column chunks.
 // out[t, c] = W[ids[t] - row_offset, c] for the ids inside this chunk of the table.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    tokens: u32,
-    flags: u32,
-    row_offset: u32,
-    y_stride: u32,
-    eps: f32,
-    _pad: u32,
-}
-
-struct W8 {
-    a: vec4<f32>,
-    b: vec4<f32>,
-}
+// #include linear_structs.wgsl
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;

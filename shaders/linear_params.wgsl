@@ -3,21 +3,7 @@
 // kernels) and matmul_body.wgsl (prefill), so both read the one layout kjarni/gpu/params.py's
 // LINEAR describes (tests/test_gpu_kernels.py checks it).
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    tokens: u32,
-    flags: u32,
-    row_offset: u32,
-    y_stride: u32,
-    eps: f32,
-    _pad: u32,
-}
-
-struct W8 {
-    a: vec4<f32>,
-    b: vec4<f32>,
-}
+// #include linear_structs.wgsl
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
