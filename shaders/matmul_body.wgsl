@@ -1,6 +1,8 @@
 // matmul_body: the register-tiled prefill matmul shared by every weight format (matmul_<format>.wgsl).
-// A format file declares w_a / w_b and `fn load_w8(row, c8) -> W8` (weights 8 c8 .. 8 c8 + 7 of
-// `row`, dequantized to f32), then includes this file.
+// A format file declares w_a / w_b, a type WRaw and `fn fetch_w8(row, c8) -> WRaw` (the loads of
+// weights 8 c8 .. 8 c8 + 7 of `row`, no arithmetic; WRaw() is a zero chunk) and
+// `fn finish_w8(raw) -> W8` (dequantized to f32; matmul_w_direct.wgsl gives both from a
+// `load_w8` for formats that do not split them), then includes this file.
 //
 // Bindings and Params: the linear family (docs/gpu-kernels.md): params, x [tokens, cols], w_a, w_b,
 // bias, residual, norm_weight, y [tokens, y_stride].
@@ -8,106 +10,135 @@
 //   nw = norm_weight and s_t = 1 / sqrt(mean(x[t]^2) + eps) when flags bit 2, else nw = s_t = 1;
 //   with flags bit 3, x[t, c] = silu(g[t, c]) up[t, c] of x = [gate | up] (silu_mul fused).
 //   f32 products and f32 accumulation whatever the weight format.
-// Tile: TX x TX threads (override TX = 8 or 16) own a BM x BN = 8 TX tokens x 8 TX rows output
+// Tile: TM x TN threads (overrides, each 8 or 16) own a BM x BN = 8 TM tokens x 8 TN rows output
 //   tile; each thread holds 8 tokens x 8 rows in 16 vec4 registers (tokens 4 ty .. and BM/2 + 4 ty ..,
 //   rows 4 tx .. and BN/2 + 4 tx .., so a warp's vec4 reads of workgroup memory are contiguous).
-//   K goes BK = TX columns per step through workgroup memory (x and W as f32, [k][token|row]);
-//   each thread loads one 8-column chunk of x and one of W per step, and loads the next step's
-//   chunks into registers while it computes the current one (two barriers per step).
-//   Workgroup memory: KSPLIT (2 * 4 * BK * 8 TX + 4 TX^2) bytes: 17 KiB at TX = 16, KSPLIT = 1 and at
-//   TX = 8, KSPLIT = 4 (fits lavapipe's 32 KiB).
-// Split K (override KSPLIT, 1 or a multiple of 2): KSPLIT groups of TX x TX threads compute the same
-//   output tile over interleaved K steps (group g takes steps g, g + KSPLIT, ..., each in its own
-//   part of workgroup memory) and group 0 adds the others' sums at the end through workgroup
-//   memory. It multiplies the warps per workgroup for shapes with few tiles (o_proj, down_proj of a
-//   small model at a 512-token prompt: 112 tiles of 64x64) without a second pass or more bindings.
-// Grid: (ceil(rows / BN), ceil(tokens / BM), 1); TX * TX * KSPLIT threads per workgroup.
+//   K goes BK columns per step (override, a multiple of 8, at most min(TM, TN)) through workgroup
+//   memory (x and W as f32, [k][token|row]); a thread loads at most one 8-column chunk of x and
+//   one of W per step (the BM BK / 8 and BN BK / 8 first threads), and issues the next step's
+//   loads into registers while it computes the current one, converting them (norm, silu,
+//   dequantization) only when it stores them at the next step (two barriers per step).
+//   Workgroup memory: KSPLIT (4 BK (BM + BN) + 4 TM TN) bytes: 17 KiB at TM = TN = BK = 16,
+//   KSPLIT = 1 and at TM = TN = BK = 8, KSPLIT = 4 (lavapipe allows 32 KiB).
+// Split K (override KSPLIT, 1, 2 or 4, with KSPLIT BK >= 2 max(TM, TN)): KSPLIT groups of TM x TN
+//   threads compute the same output tile over interleaved K steps (group g takes steps g,
+//   g + KSPLIT, ..., each in its own part of workgroup memory) and group 0 adds the others' sums at
+//   the end through workgroup memory. It multiplies the warps per workgroup for shapes with few
+//   tiles (o_proj, down_proj of a small model at a 512-token prompt: 112 tiles of 64x64) without a
+//   second pass or more bindings.
+// Split K over workgroups (grid z = S > 1, shapes with few tiles and long rows): workgroup z
+//   takes the z-th of S equal runs of whole steps of K and writes its partial sums, unscaled and
+//   without bias or residual (the host clears those flags and bit 2), to y[z tokens + t] (y is a
+//   [S, tokens, y_stride] scratch); matmul_reduce.wgsl adds the S partials.
+// Grid: (ceil(rows / BN), ceil(tokens / BM), S); TM * TN * KSPLIT threads per workgroup.
 //
 // Loops over registers are written out by hand: naga emits `while`-shaped loops that drivers may
 // not unroll, and a private array indexed by a loop counter then lives in (slow) local memory.
 
 // #include linear_params.wgsl
 
-override TX: u32 = 16u;     // threads per side; tile 8 TX x 8 TX, K step TX (a multiple of 8)
-override KSPLIT: u32 = 1u;  // thread groups splitting K (1, or even)
+override TM: u32 = 16u;     // threads along tokens: tile BM = 8 TM tokens
+override TN: u32 = 16u;     // threads along rows: tile BN = 8 TN rows
+override BK: u32 = 16u;     // columns per K step (a multiple of 8, at most min(TM, TN))
+override KSPLIT: u32 = 1u;  // thread groups splitting K (1, 2 or 4)
 
-// Per group g, vec4 g * 2 TX^2 ..: a [k][token / 4] (BK x BM) and a [k][row / 4] (BK x BN) tile.
-var<workgroup> xs: array<vec4<f32>, 2u * TX * TX * KSPLIT>;
-var<workgroup> ws: array<vec4<f32>, 2u * TX * TX * KSPLIT>;
-var<workgroup> ss_sh: array<f32, TX * TX * KSPLIT>;  // per-loader sums of squares (fused norm)
+// Per group g: a [k][token / 4] tile (BK x BM, rows padded by one vec4 so that the loaders'
+// column-wise stores spread over the banks) at vec4 g BK SX of xs, a [k][row / 4] tile (BK x BN)
+// at g 2 BK TN of ws.
+const SX_PAD: u32 = 1u;
+var<workgroup> xs: array<vec4<f32>, BK * (2u * TM + SX_PAD) * KSPLIT>;
+var<workgroup> ws: array<vec4<f32>, 2u * BK * TN * KSPLIT>;
 
-// 8 values of x's row t from column c (zeros past cols), times norm_weight when flags bit 2;
-// adds the raw values' squares to ss. With flags bit 3, x is [tokens, 2 cols] = [gate | up] and
-// the values are silu(gate) * up.
-fn load_x8(t: u32, c: u32, ss: ptr<function, f32>) -> W8 {
+// A thread's share of a step's x tile: one column c of NX = 8 BK / TN rows (tokens t0, t0 + TS,
+// .., TS = TM TN / BK), as loaded, before any arithmetic, so that the loads stay in flight while
+// the current step computes (fetch_x now, finish_x at the next step). Consecutive threads take
+// consecutive columns of a row, so a warp's loads cover a few rows' contiguous spans. Slots
+// a.x .. b.w are rows j = 0 .. 7; ua, ub the up values (flags bit 3), n the column's norm weight
+// (bit 2); zeros where unused.
+struct XRaw {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    ua: vec4<f32>,
+    ub: vec4<f32>,
+    n: f32,
+}
+
+fn x_rows4(base: u32, t: vec4<u32>, rs: u32) -> vec4<f32> {
+    return vec4<f32>(x[base + t.x * rs], x[base + t.y * rs], x[base + t.z * rs], x[base + t.w * rs]);
+}
+
+// Column c (< cols) of rows t0 + TS j, j < NX (rows past the prompt read its last row). With
+// flags bit 3, x is [tokens, 2 cols] = [gate | up].
+fn fetch_x(t0: u32, ts: u32, c: u32) -> XRaw {
     let cols = params.cols;
     let silu = (params.flags & 8u) != 0u;
-    let base = t * cols * select(1u, 2u, silu);
-    let last = cols - 1u;
-    var a = vec4<f32>(
-        select(0.0, x[base + min(c, last)], c < cols),
-        select(0.0, x[base + min(c + 1u, last)], c + 1u < cols),
-        select(0.0, x[base + min(c + 2u, last)], c + 2u < cols),
-        select(0.0, x[base + min(c + 3u, last)], c + 3u < cols));
-    var b = vec4<f32>(
-        select(0.0, x[base + min(c + 4u, last)], c + 4u < cols),
-        select(0.0, x[base + min(c + 5u, last)], c + 5u < cols),
-        select(0.0, x[base + min(c + 6u, last)], c + 6u < cols),
-        select(0.0, x[base + min(c + 7u, last)], c + 7u < cols));
+    let rs = cols * select(1u, 2u, silu);  // row stride
+    let last = params.tokens - 1u;
+    let ta = min(vec4<u32>(t0, t0 + ts, t0 + 2u * ts, t0 + 3u * ts), vec4<u32>(last));
+    let tb = min(vec4<u32>(t0 + 4u * ts, t0 + 5u * ts, t0 + 6u * ts, t0 + 7u * ts), vec4<u32>(last));
+    var r = XRaw();
+    r.a = x_rows4(c, ta, rs);
+    if (BK * 8u > TN * 4u) {  // NX = 8
+        r.b = x_rows4(c, tb, rs);
+    }
     if (silu) {
-        let u = base + cols;
-        a = a / (1.0 + exp(-a)) * vec4<f32>(
-            select(0.0, x[u + min(c, last)], c < cols),
-            select(0.0, x[u + min(c + 1u, last)], c + 1u < cols),
-            select(0.0, x[u + min(c + 2u, last)], c + 2u < cols),
-            select(0.0, x[u + min(c + 3u, last)], c + 3u < cols));
-        b = b / (1.0 + exp(-b)) * vec4<f32>(
-            select(0.0, x[u + min(c + 4u, last)], c + 4u < cols),
-            select(0.0, x[u + min(c + 5u, last)], c + 5u < cols),
-            select(0.0, x[u + min(c + 6u, last)], c + 6u < cols),
-            select(0.0, x[u + min(c + 7u, last)], c + 7u < cols));
+        r.ua = x_rows4(cols + c, ta, rs);
+        if (BK * 8u > TN * 4u) {
+            r.ub = x_rows4(cols + c, tb, rs);
+        }
     }
     if ((params.flags & 4u) != 0u) {
-        *ss += dot(a, a) + dot(b, b);
-        a *= vec4<f32>(norm_weight[min(c, last)], norm_weight[min(c + 1u, last)],
-                       norm_weight[min(c + 2u, last)], norm_weight[min(c + 3u, last)]);
-        b *= vec4<f32>(norm_weight[min(c + 4u, last)], norm_weight[min(c + 5u, last)],
-                       norm_weight[min(c + 6u, last)], norm_weight[min(c + 7u, last)]);
+        r.n = norm_weight[c];
+    }
+    return r;
+}
+
+// The values: silu(gate) * up with flags bit 3; times the norm weight with flags bit 2, adding
+// the (pre-norm) squares to the rows' sums ssa (rows 0 .. 3) and ssb (4 .. 7).
+fn finish_x(r: XRaw, ssa: ptr<function, vec4<f32>>, ssb: ptr<function, vec4<f32>>) -> W8 {
+    var a = r.a;
+    var b = r.b;
+    if ((params.flags & 8u) != 0u) {
+        a = a / (1.0 + exp(-a)) * r.ua;
+        b = b / (1.0 + exp(-b)) * r.ub;
+    }
+    if ((params.flags & 4u) != 0u) {
+        *ssa += a * a;
+        *ssb += b * b;
+        a *= r.n;
+        b *= r.n;
     }
     return W8(a, b);
 }
 
-// Stores 8 values along k (k .. k + 7) at position p (token or row) of the [k][p / 4] tile at vec4 t0.
-fn store_xs(t0: u32, k: u32, p: u32, v: W8) {
-    let s = 2u * TX;  // vec4 per k row (BM / 4)
-    let i = t0 + k * s + p / 4u;
-    let l = p % 4u;
-    xs[i][l] = v.a.x;
-    xs[i + s][l] = v.a.y;
-    xs[i + 2u * s][l] = v.a.z;
-    xs[i + 3u * s][l] = v.a.w;
-    xs[i + 4u * s][l] = v.b.x;
-    xs[i + 5u * s][l] = v.b.y;
-    xs[i + 6u * s][l] = v.b.z;
-    xs[i + 7u * s][l] = v.b.w;
+// Stores a thread's x values (column k of the step, rows p0 + TS j) into the group's tile at t0.
+fn store_x(t0: u32, k: u32, p0: u32, ts: u32, v: W8) {
+    let s = 2u * TM + SX_PAD;
+    let i = t0 + k * s;
+    xs[i + p0 / 4u][p0 % 4u] = v.a.x;
+    xs[i + (p0 + ts) / 4u][(p0 + ts) % 4u] = v.a.y;
+    xs[i + (p0 + 2u * ts) / 4u][(p0 + 2u * ts) % 4u] = v.a.z;
+    xs[i + (p0 + 3u * ts) / 4u][(p0 + 3u * ts) % 4u] = v.a.w;
+    if (BK * 8u > TN * 4u) {
+        xs[i + (p0 + 4u * ts) / 4u][(p0 + 4u * ts) % 4u] = v.b.x;
+        xs[i + (p0 + 5u * ts) / 4u][(p0 + 5u * ts) % 4u] = v.b.y;
+        xs[i + (p0 + 6u * ts) / 4u][(p0 + 6u * ts) % 4u] = v.b.z;
+        xs[i + (p0 + 7u * ts) / 4u][(p0 + 7u * ts) % 4u] = v.b.w;
+    }
 }
 
-fn store_ws(t0: u32, k: u32, p: u32, v: W8) {
-    let s = 2u * TX;
+// Stores 8 weights along k (k .. k + 7) of row p into the group's [k][row / 4] tile at t0.
+fn store_w(t0: u32, k: u32, p: u32, v: W8) {
+    let s = 2u * TN;
     let i = t0 + k * s + p / 4u;
     let l = p % 4u;
-    ws[i][l] = v.a.x;
-    ws[i + s][l] = v.a.y;
-    ws[i + 2u * s][l] = v.a.z;
-    ws[i + 3u * s][l] = v.a.w;
-    ws[i + 4u * s][l] = v.b.x;
-    ws[i + 5u * s][l] = v.b.y;
-    ws[i + 6u * s][l] = v.b.z;
-    ws[i + 7u * s][l] = v.b.w;
+    ws[i][l] = v.a.x; ws[i + s][l] = v.a.y; ws[i + 2u * s][l] = v.a.z; ws[i + 3u * s][l] = v.a.w;
+    ws[i + 4u * s][l] = v.b.x; ws[i + 5u * s][l] = v.b.y; ws[i + 6u * s][l] = v.b.z; ws[i + 7u * s][l] = v.b.w;
 }
 
-// Writes rows r .. r + 3 of token t: acc * scale (+ bias) (+ residual); skips rows/tokens outside.
-fn store4(t: u32, r: u32, acc: vec4<f32>, scale: f32) {
+// Writes rows r .. r + 3 of token t (of split z): acc * scale (+ bias) (+ residual); skips
+// rows/tokens outside.
+fn store4(z: u32, t: u32, r: u32, acc: vec4<f32>, scale: f32) {
     if (t >= params.tokens) {
         return;
     }
@@ -119,7 +150,7 @@ fn store4(t: u32, r: u32, acc: vec4<f32>, scale: f32) {
             if ((params.flags & 1u) != 0u) {
                 o += bias[col];
             }
-            let i = t * params.y_stride + col;
+            let i = (z * params.tokens + t) * params.y_stride + col;
             if ((params.flags & 2u) != 0u) {
                 o += residual[i];
             }
@@ -128,34 +159,60 @@ fn store4(t: u32, r: u32, acc: vec4<f32>, scale: f32) {
     }
 }
 
-@compute @workgroup_size(TX * TX * KSPLIT)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let nt = TX * TX;  // threads per group
+// Tile row p's sum of squares: slot j = p / ts of the loaders p % ts BK + c, c < BK, of each group.
+fn row_squares(p: u32, ts: u32, nt: u32) -> f32 {
+    let j = p / ts;
+    var tot = 0.0;
+    for (var g = 0u; g < KSPLIT; g++) {
+        for (var c = 0u; c < BK; c++) {
+            let i = g * nt + (p % ts) * BK + c;
+            tot += select(xs[i][j % 4u], ws[i][j % 4u], j < 4u);
+        }
+    }
+    return tot;
+}
+
+@compute @workgroup_size(TM * TN * KSPLIT)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let nt = TM * TN;  // threads per group
     let g = lid / nt;  // this thread's K group
     let tid = lid % nt;
-    let t0 = g * 2u * TX * TX;  // the group's tiles in xs / ws
-    let bm = 8u * TX;  // tokens per tile
-    let bn = 8u * TX;  // rows per tile
-    let s = 2u * TX;   // vec4 per k row of xs / ws
-    let h = TX;        // vec4 offset of the second half of a k row (BM / 8)
+    let bm = 8u * TM;  // tokens per tile
+    let bn = 8u * TN;  // rows per tile
+    let sx = 2u * TM + SX_PAD;  // vec4 per k row of the x tile; TM: offset of its second half
+    let sw = 2u * TN;
+    let tx0 = g * BK * sx;  // the group's tiles in xs / ws
+    let tw0 = g * BK * sw;
     let n0 = wid.x * bn;
     let m0 = wid.y * bm;
-    let tx = tid % TX;
-    let ty = tid / TX;
-    // Loader role: position tid % bm of the tile (token and row), columns 8 (tid / bm) .. + 8 of each step.
-    let lp = tid % bm;
-    let lk = (tid / bm) * 8u;
-    let kstep = KSPLIT * TX;  // columns per step of the whole workgroup
-    let lt = min(m0 + lp, params.tokens - 1u);
-    let lr = min(n0 + lp, params.rows - 1u);
+    let tx = tid % TN;
+    let ty = tid / TN;
+    // Loader roles: x column tid % BK of tile rows tid / BK + TS j (every thread); W chunk tid
+    // (row tid % bn, columns 8 (tid / bn) .. + 8 of each step) for the first BN BK / 8 threads.
+    let ts = nt / BK;
+    let lxk = tid % BK;
+    let lxp = tid / BK;
+    let load_w = tid < TN * BK;
+    let lwp = tid % bn;
+    let lwk = (tid / bn) * 8u;
+    let kstep = KSPLIT * BK;  // columns per step of the whole workgroup
+    let lr = min(n0 + lwp, params.rows - 1u);
     let cols = params.cols;
+    // This workgroup's columns [kbeg, kend): whole steps, split z of nwg.z.
+    let per = (cols + nwg.z * kstep - 1u) / (nwg.z * kstep) * kstep;
+    let kbeg = wid.z * per;
+    let kend = min(cols, kbeg + per);
 
-    var ss = 0.0;
-    let k1 = g * TX + lk;  // this loader's first column
-    var px = load_x8(lt, k1, &ss);
-    var pw = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-    if (k1 < cols) {
-        pw = load_w8(lr, k1 / 8u);
+    var ssa = vec4<f32>(0.0);  // sums of squares of this thread's x rows (fused norm)
+    var ssb = vec4<f32>(0.0);
+    var px = XRaw();  // this thread's shares of the coming step, as loaded (zeros: none)
+    var pw = WRaw();
+    if (kbeg + g * BK + lxk < kend) {
+        px = fetch_x(m0 + lxp, ts, kbeg + g * BK + lxk);
+    }
+    if (load_w && kbeg + g * BK + lwk < kend) {
+        pw = fetch_w8(lr, (kbeg + g * BK + lwk) / 8u);
     }
 
     var c0 = vec4<f32>(0.0); var d0 = vec4<f32>(0.0);
@@ -168,68 +225,65 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var c7 = vec4<f32>(0.0); var d7 = vec4<f32>(0.0);
 
     // Every group runs the same number of steps (barriers); a group past cols computes on zeros.
-    for (var k0 = 0u; k0 < cols; k0 += kstep) {
+    for (var k0 = kbeg; k0 < kend; k0 += kstep) {
         workgroupBarrier();  // the previous step's reads are done
-        store_xs(t0, lk, lp, px);
-        store_ws(t0, lk, lp, pw);
+        store_x(tx0, lxk, lxp, ts, finish_x(px, &ssa, &ssb));
+        if (load_w) {
+            store_w(tw0, lwk, lwp, finish_w8(pw));
+        }
         workgroupBarrier();
-        // Next step's chunks: in flight while this step computes.
-        let kn = k0 + kstep + k1;
-        if (k0 + kstep < cols) {
-            px = load_x8(lt, kn, &ss);
-            pw = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (kn < cols) {
-                pw = load_w8(lr, kn / 8u);
+        // Next step's chunks: in flight while this step computes (no arithmetic on them before
+        // the next step, which would wait for the loads here).
+        let kn = k0 + kstep + g * BK;
+        if (k0 + kstep < kend) {
+            px = XRaw();
+            if (kn + lxk < kend) {
+                px = fetch_x(m0 + lxp, ts, kn + lxk);
+            }
+            pw = WRaw();
+            if (load_w && kn + lwk < kend) {
+                pw = fetch_w8(lr, (kn + lwk) / 8u);
             }
         }
-        for (var k = 0u; k < TX; k++) {
-            let xa = xs[t0 + k * s + ty];      // tokens 4 ty .. 4 ty + 3
-            let xb = xs[t0 + k * s + h + ty];  // tokens BM/2 + 4 ty ..
-            let wa = ws[t0 + k * s + tx];      // rows 4 tx .. 4 tx + 3
-            let wb = ws[t0 + k * s + h + tx];  // rows BN/2 + 4 tx ..
-            c0 += xa.x * wa; d0 += xa.x * wb;
-            c1 += xa.y * wa; d1 += xa.y * wb;
-            c2 += xa.z * wa; d2 += xa.z * wb;
-            c3 += xa.w * wa; d3 += xa.w * wb;
-            c4 += xb.x * wa; d4 += xb.x * wb;
-            c5 += xb.y * wa; d5 += xb.y * wb;
-            c6 += xb.z * wa; d6 += xb.z * wb;
-            c7 += xb.w * wa; d7 += xb.w * wb;
+        for (var k = 0u; k < BK; k++) {
+            let xa = xs[tx0 + k * sx + ty];       // tokens 4 ty .. 4 ty + 3
+            let xb = xs[tx0 + k * sx + TM + ty];  // tokens BM/2 + 4 ty ..
+            let wa = ws[tw0 + k * sw + tx];       // rows 4 tx .. 4 tx + 3
+            let wb = ws[tw0 + k * sw + TN + tx];  // rows BN/2 + 4 tx ..
+            // fma written out: the driver need not contract a separate multiply and add.
+            c0 = fma(vec4<f32>(xa.x), wa, c0); d0 = fma(vec4<f32>(xa.x), wb, d0);
+            c1 = fma(vec4<f32>(xa.y), wa, c1); d1 = fma(vec4<f32>(xa.y), wb, d1);
+            c2 = fma(vec4<f32>(xa.z), wa, c2); d2 = fma(vec4<f32>(xa.z), wb, d2);
+            c3 = fma(vec4<f32>(xa.w), wa, c3); d3 = fma(vec4<f32>(xa.w), wb, d3);
+            c4 = fma(vec4<f32>(xb.x), wa, c4); d4 = fma(vec4<f32>(xb.x), wb, d4);
+            c5 = fma(vec4<f32>(xb.y), wa, c5); d5 = fma(vec4<f32>(xb.y), wb, d5);
+            c6 = fma(vec4<f32>(xb.z), wa, c6); d6 = fma(vec4<f32>(xb.z), wb, d6);
+            c7 = fma(vec4<f32>(xb.w), wa, c7); d7 = fma(vec4<f32>(xb.w), wb, d7);
         }
     }
 
-    // Per-token rms scale: the loaders of a token hold partial sums over disjoint columns.
+    // Per-token rms scale: a tile row's sums of squares are spread over the BK threads of its
+    // column loads in each group; they meet in workgroup memory (ws: rows 0 .. 3 of each thread's
+    // slots, xs: 4 .. 7; 2 BK >= TM and 2 BK >= TN make room).
     var sc = array<f32, 8>(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0);
     if ((params.flags & 4u) != 0u) {
-        ss_sh[lid] = ss;
         workgroupBarrier();
-        let parts = KSPLIT * TX / 8u;  // loaders per token (ss_sh[p bm + token])
+        ws[lid] = ssa;
+        xs[lid] = ssb;
+        workgroupBarrier();
         let inv_cols = 1.0 / f32(cols);
-        let ta = 4u * ty;
-        let tb = bm / 2u + 4u * ty;
-        var tot = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-        for (var p = 0u; p < parts; p++) {
-            tot[0] += ss_sh[p * bm + ta];
-            tot[1] += ss_sh[p * bm + ta + 1u];
-            tot[2] += ss_sh[p * bm + ta + 2u];
-            tot[3] += ss_sh[p * bm + ta + 3u];
-            tot[4] += ss_sh[p * bm + tb];
-            tot[5] += ss_sh[p * bm + tb + 1u];
-            tot[6] += ss_sh[p * bm + tb + 2u];
-            tot[7] += ss_sh[p * bm + tb + 3u];
-        }
-        sc[0] = inverseSqrt(tot[0] * inv_cols + params.eps);
-        sc[1] = inverseSqrt(tot[1] * inv_cols + params.eps);
-        sc[2] = inverseSqrt(tot[2] * inv_cols + params.eps);
-        sc[3] = inverseSqrt(tot[3] * inv_cols + params.eps);
-        sc[4] = inverseSqrt(tot[4] * inv_cols + params.eps);
-        sc[5] = inverseSqrt(tot[5] * inv_cols + params.eps);
-        sc[6] = inverseSqrt(tot[6] * inv_cols + params.eps);
-        sc[7] = inverseSqrt(tot[7] * inv_cols + params.eps);
+        sc[0] = inverseSqrt(row_squares(4u * ty, ts, nt) * inv_cols + params.eps);
+        sc[1] = inverseSqrt(row_squares(4u * ty + 1u, ts, nt) * inv_cols + params.eps);
+        sc[2] = inverseSqrt(row_squares(4u * ty + 2u, ts, nt) * inv_cols + params.eps);
+        sc[3] = inverseSqrt(row_squares(4u * ty + 3u, ts, nt) * inv_cols + params.eps);
+        sc[4] = inverseSqrt(row_squares(bm / 2u + 4u * ty, ts, nt) * inv_cols + params.eps);
+        sc[5] = inverseSqrt(row_squares(bm / 2u + 4u * ty + 1u, ts, nt) * inv_cols + params.eps);
+        sc[6] = inverseSqrt(row_squares(bm / 2u + 4u * ty + 2u, ts, nt) * inv_cols + params.eps);
+        sc[7] = inverseSqrt(row_squares(bm / 2u + 4u * ty + 3u, ts, nt) * inv_cols + params.eps);
     }
 
     // Split K: group 0 adds the other groups' sums, 8 vec4 per thread at a time (xs and ws hold
-    // 4 KSPLIT TX^2 >= 8 TX^2 vec4).
+    // 2 KSPLIT BK TM >= 4 TM TN and 2 KSPLIT BK TN >= 4 TM TN vec4).
     for (var src = 1u; src < KSPLIT; src++) {
         workgroupBarrier();
         if (g == src) {
@@ -260,12 +314,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let tb = m0 + bm / 2u + 4u * ty;
     let ra = n0 + 4u * tx;
     let rb = n0 + bn / 2u + 4u * tx;
-    store4(ta, ra, c0, sc[0]); store4(ta, rb, d0, sc[0]);
-    store4(ta + 1u, ra, c1, sc[1]); store4(ta + 1u, rb, d1, sc[1]);
-    store4(ta + 2u, ra, c2, sc[2]); store4(ta + 2u, rb, d2, sc[2]);
-    store4(ta + 3u, ra, c3, sc[3]); store4(ta + 3u, rb, d3, sc[3]);
-    store4(tb, ra, c4, sc[4]); store4(tb, rb, d4, sc[4]);
-    store4(tb + 1u, ra, c5, sc[5]); store4(tb + 1u, rb, d5, sc[5]);
-    store4(tb + 2u, ra, c6, sc[6]); store4(tb + 2u, rb, d6, sc[6]);
-    store4(tb + 3u, ra, c7, sc[7]); store4(tb + 3u, rb, d7, sc[7]);
+    store4(wid.z, ta, ra, c0, sc[0]); store4(wid.z, ta, rb, d0, sc[0]);
+    store4(wid.z, ta + 1u, ra, c1, sc[1]); store4(wid.z, ta + 1u, rb, d1, sc[1]);
+    store4(wid.z, ta + 2u, ra, c2, sc[2]); store4(wid.z, ta + 2u, rb, d2, sc[2]);
+    store4(wid.z, ta + 3u, ra, c3, sc[3]); store4(wid.z, ta + 3u, rb, d3, sc[3]);
+    store4(wid.z, tb, ra, c4, sc[4]); store4(wid.z, tb, rb, d4, sc[4]);
+    store4(wid.z, tb + 1u, ra, c5, sc[5]); store4(wid.z, tb + 1u, rb, d5, sc[5]);
+    store4(wid.z, tb + 2u, ra, c6, sc[6]); store4(wid.z, tb + 2u, rb, d6, sc[6]);
+    store4(wid.z, tb + 3u, ra, c7, sc[7]); store4(wid.z, tb + 3u, rb, d7, sc[7]);
 }

@@ -2,7 +2,7 @@
 // quantized (layout: kjarni/gpu/quant.py); each 8-value chunk is dequantized to f32 while it is staged
 // into workgroup memory (f32 math and accumulation). cols is a multiple of 32.
 // Bindings and Params: the linear family (docs/gpu-kernels.md): w_a packed quants, w_b scales.
-// Entry point `main`, override TX (8 or 16); grid (ceil(rows / 8 TX), ceil(tokens / 8 TX)):
+// Entry point `main`, overrides TM, TN, BK, KSPLIT; grid (ceil(rows / 8 TN), ceil(tokens / 8 TM)):
 // matmul_body.wgsl.
 
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;
@@ -21,4 +21,5 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     return W8(dm.x * q0 + dm.y, dm.x * q1 + dm.y);
 }
 
+// #include matmul_w_direct.wgsl
 // #include matmul_body.wgsl

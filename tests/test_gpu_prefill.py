@@ -20,8 +20,10 @@ pytestmark = pytest.mark.gpu
 ref = NumpyOps()
 T = gguf.GGMLQuantizationType
 
-# (matmul_min_big_tiles, matmul_split_k_below) forcing each variant
-VARIANTS = {"tile128": (0, 0), "tile64": (10**9, 0), "tile64_split_k": (10**9, 10**9)}
+# (matmul_min_big_tiles, matmul_split_k_below, matmul_splits) forcing each variant; the last two
+# also split K over 3 workgroups (matmul_reduce adds the partials; not with a fused norm)
+VARIANTS = {"tile128": (0, 0, 1), "tile64x128": (10**9, 0, 1), "tile64x128_split_k": (10**9, 10**9, 1),
+            "tile128_grid_split": (0, 0, 3), "tile64x128_split_k_grid_split": (10**9, 10**9, 3)}
 
 
 def rand(rng, *shape):
@@ -38,7 +40,7 @@ def make_ops(wgpu_context):
 
     def make(weight_format: str, variant: str) -> WgpuOps:
         ops = WgpuOps(wgpu_context, weight_format=weight_format)
-        ops.matmul_min_big_tiles, ops.matmul_split_k_below = VARIANTS[variant]
+        ops.matmul_min_big_tiles, ops.matmul_split_k_below, ops.matmul_splits = VARIANTS[variant]
         return ops
 
     return make
@@ -83,13 +85,16 @@ def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
 def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
     rng = np.random.default_rng(0)
     x, w = rand(rng, 10, 300), rand(rng, 20, 300)  # 10 tokens: past matvec_max_tokens (9)
-    expected = {"tile128": {"TX": 16, "KSPLIT": 1}, "tile64": {"TX": 8, "KSPLIT": 1}, "tile64_split_k": {"TX": 8, "KSPLIT": 4}}
-    for variant, constants in expected.items():
+    big, small, split = {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    reduce = [("matmul_reduce", {})]  # the grid-split variants add their partials in a second dispatch
+    expected = {"tile128": [("matmul_f32", big)], "tile64x128": [("matmul_f32", small)], "tile64x128_split_k": [("matmul_f32", split)],
+                "tile128_grid_split": [("matmul_f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul_f32", split), *reduce]}
+    for variant, want in expected.items():
         ops = make_ops("f32", variant)
         gx, gw = upload(ops, x), ops.weight(w, name="w")
         calls = _recorded_constants(monkeypatch, ops.context)
         ops.linear(gx, gw)
-        assert calls == [("matmul_f32", constants)], variant
+        assert calls == want, variant
         monkeypatch.undo()
 
 
@@ -100,13 +105,16 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     rng = np.random.default_rng(1)
     x, small, short = upload(ops, rand(rng, 10, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 10, 8))
     calls = _recorded_constants(monkeypatch, wgpu_context)
-    ops.linear(x, small)  # one 64x64 tile: K split over 4 groups
+    ops.linear(x, small)  # one 64x128 tile: K split over 4 groups and over 4 workgroups (256 / (2 x 32) columns)
+    ops.norm_linear(x, ops.weight(rand(rng, 256), name="n"), 1e-5, small)  # a fused norm needs whole rows: no split
     ops.matmul_min_big_tiles = 1
     ops.linear(x, ops.weight(rand(rng, 24, 256), name="w2"))  # enough 128x128 tiles by the threshold
     ops.matmul_min_big_tiles = 10**9
     ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
-    assert calls == [("matmul_f16", {"TX": 8, "KSPLIT": 4}), ("matmul_f16", {"TX": 16, "KSPLIT": 1}),
-                     ("matmul_f16", {"TX": 8, "KSPLIT": 1})]
+    split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}, {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}
+    reduce = ("matmul_reduce", {})
+    assert calls == [("matmul_f16", split), reduce, ("matmul_f16", split), ("matmul_f16", big), reduce, ("matmul_f16", small)]
+    assert ops._matmul_splits(24, 10, 256, 0, 24) == 4
 
 
 @pytest.mark.parametrize("qtype", sorted([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], key=lambda t: t.name))
@@ -132,12 +140,15 @@ def test_prefill_matmul_of_quantized_weights_matches_numpy_dequantized(make_ops,
     assert any(k[0] == "matmul_" + qtype.name.lower() for k in ops.context._pipelines)
 
 
+@pytest.mark.parametrize("splits", [1, None])
 @pytest.mark.parametrize("fmt", ["f32", "f16", "q8_0"])
-def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, fmt):
-    # silu_mul(gate_up) followed by the down projection: no silu_mul dispatch, same values.
+def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, fmt, splits):
+    # silu_mul(gate_up) followed by the down projection: no silu_mul dispatch, same values; with
+    # the automatic split over K (6 workgroups here), one matmul_reduce more.
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format=fmt)
+    ops.matmul_splits = splits
     rng = np.random.default_rng(7)
     tokens, cols, rows = 70, 96, 45
     gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
@@ -150,4 +161,4 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     expected = ref.linear(ref.silu_mul(gate_up), w_ref, None, r)
     np.testing.assert_allclose(got, expected, atol=2e-4 * max(1.0, np.abs(expected).max()), rtol=1e-4)
     kernels_run = ops.stats.dispatches - before
-    assert kernels_run == 3, "the two uploads (an embed each) and one matmul: no silu_mul dispatch"
+    assert kernels_run == (3 if splits == 1 else 4), "the two uploads (an embed each) and one matmul (+ reduce): no silu_mul dispatch"

@@ -45,6 +45,31 @@ except Exception:  # another backend or a changed wgpu-py: use the public API
     _RAW_RECORDING = None
 
 
+def _module_unchecked(device: Any, code: str, label: str) -> Any:
+    """A WGSL shader module compiled without naga's runtime checks (None when this wgpu-py has no
+    trusted entry point): what wgpu-py's ``create_shader_module`` does, through
+    ``wgpuDeviceCreateShaderModuleTrusted`` with ``WGPUShaderRuntimeChecks_None``."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+    except ImportError:
+        return None
+    create = getattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted", None)
+    if create is None or not hasattr(_api, "new_struct_p"):
+        return None
+    source = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    source[0].chain.next = _api.ffi.NULL
+    source[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
+    desc = _api.new_struct_p(
+        "WGPUShaderModuleDescriptor *",
+        nextInChain=_api.ffi.cast("WGPUChainedStruct *", source),
+        label=_api.to_c_string_view(label),
+    )
+    handle = _api.libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)
+    if handle == _api.ffi.NULL:
+        raise RuntimeError(f"shader module {label} could not be created")
+    return _api.GPUShaderModule(label, handle, device)
+
+
 def _describe(adapter: Any) -> str:
     info = adapter.info
     return f"{info.get('device') or info.get('description')} ({info.get('backend_type')}, {info.get('adapter_type')})"
@@ -300,12 +325,17 @@ class WgpuContext:
         flags: Sequence[str] = (),
         constants: dict[str, float] | None = None,
         source: str | Callable[[], str] | None = None,
+        unchecked: bool = False,
     ) -> Any:
         """The compute pipeline of ``shaders/<kernel>.wgsl`` (or ``source``, text or a function
-        making it, called only on a cache miss), created once per kernel, entry, flags and constants."""
+        making it, called only on a cache miss), created once per kernel, entry, flags and constants.
+
+        ``unchecked``: compile without naga's runtime checks (index clamping, loop bounding), for
+        kernels that guard every access themselves; falls back to the checked module where
+        wgpu-native's trusted entry point is missing."""
         flag_set = frozenset(flags) | ({"subgroup"} if self.has_subgroups else frozenset())
         const_items = tuple(sorted((constants or {}).items()))
-        key = (kernel, entry, flag_set, const_items, kinds)
+        key = (kernel, entry, flag_set, const_items, kinds, unchecked)
         pipeline = self._pipelines.get(key)
         if pipeline is not None:
             return pipeline
@@ -315,7 +345,9 @@ class WgpuContext:
             code = source() if callable(source) else source
         variant = f"{kernel}.wgsl entry {entry!r}" + (f" ({', '.join(sorted(flag_set))})" if flag_set else "")
         try:
-            module = self.device.create_shader_module(code=code, label=kernel)
+            module = _module_unchecked(self.device, code, kernel) if unchecked else None
+            if module is None:
+                module = self.device.create_shader_module(code=code, label=kernel)
             pipeline = self.device.create_compute_pipeline(
                 layout=self.layout(kinds)[1],
                 compute={"module": module, "entry_point": entry, "constants": dict(const_items)},

@@ -190,8 +190,16 @@ class WgpuOps:
 
     name = "gpu"
     matvec_max_tokens = 9  # up to this many tokens (decode, speculative verify of k <= 8) matrix-vector kernels run, else tiled matmul
-    matmul_min_big_tiles = 1024  # prefill uses 128x128 tiles when it gets this many, else 64x64
-    matmul_split_k_below = 512  # fewer 64x64 tiles than this: 4 thread groups split K in each
+    # Prefill matmul tiles (matmul_body.wgsl; chosen from tools/sweep_matmul.py on the H200):
+    # 128x128 (K split over 2 thread groups) from this many such tiles, else 64 tokens x 128 rows.
+    matmul_min_big_tiles = 1024
+    matmul_split_k_below = 2048  # fewer 64x128 tiles than this: 4 thread groups split K in each
+    # Prefill products split over K across workgroups too (grid z, summed by matmul_reduce): None
+    # = automatic (products with fewer than matmul_split_tiles tiles get about that many
+    # workgroups, at most matmul_max_splits per tile), or an int; never with a fused norm.
+    matmul_splits: int | None = None
+    matmul_split_tiles = 128
+    matmul_max_splits = 6
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
@@ -421,14 +429,23 @@ class WgpuOps:
         x_buffer = x.source.buffer if silu else x.buffer
         out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
         r_buffer = residual.buffer if residual is not None else None
-        bound = groups.get((x_buffer, r_buffer, out.buffer))
+        # Split K (prefill, few tiles): the partial sums go through a scratch of S x [tokens, rows],
+        # free again once recorded (later users of the pool write it after the reduce has read it).
+        partials = ctx.scratch(common[4]) if common[4] else None
+        p_buffer = partials.buffer if partials is not None else None
+        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer))
         if bound is None:
-            bias_buffer, norm_buffer, _, _ = common
-            bound = groups[(x_buffer, r_buffer, out.buffer)] = [
-                ctx.bind_group(pipeline, (params, x_buffer, w_a, w_b, bias_buffer, r_buffer or ctx.dummy, norm_buffer, out.buffer))
-                for pipeline, params, _, w_a, w_b in dispatches
+            bias_buffer, norm_buffer, _, _, _ = common
+            dummy, r = ctx.dummy, r_buffer or ctx.dummy
+            buffers = {  # per role: bindings 1 .. 7 (x, w_a, w_b, bias, residual, norm_weight, y)
+                "out": lambda w_a, w_b: (x_buffer, w_a, w_b, bias_buffer, r, norm_buffer, out.buffer),
+                "partial": lambda w_a, w_b: (x_buffer, w_a, w_b, dummy, dummy, norm_buffer, p_buffer),
+                "reduce": lambda w_a, w_b: (p_buffer, dummy, dummy, bias_buffer, r, dummy, out.buffer),
+            }
+            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer)] = [
+                ctx.bind_group(pipeline, (params, *buffers[role](w_a, w_b))) for pipeline, params, _, w_a, w_b, role in dispatches
             ]
-        for (pipeline, _, grid, _, _), group in zip(dispatches, bound):
+        for (pipeline, _, grid, _, _, _), group in zip(dispatches, bound):
             ctx.dispatch_group(pipeline, group, grid)
         if tokens > self.matvec_max_tokens and ctx.stats.pending_dispatches >= self.prefill_submit_every:
             ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next
@@ -442,7 +459,9 @@ class WgpuOps:
         return tokens <= self.matvec_max_tokens or all(kernels.exists("matmul_" + s.format.lower()) for s in weight.segments)
 
     def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool) -> tuple:
-        """(dispatches [(pipeline, params, grid, w_a, w_b)], bind group cache, rows, (bias, norm) buffers)."""
+        """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
+        buffers, bias, norm, bytes of split-K partials)); role "out" writes y, "partial" the partials
+        of a prefill matmul split over K, "reduce" adds them into y (matmul_reduce.wgsl)."""
         ctx = self.context
         tokens, cols = x.shape
         rows = weight.shape[0]
@@ -456,13 +475,25 @@ class WgpuOps:
         )
         dispatches = []
         for seg in weight.segments:
-            pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
-            dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b))
+            splits = self._matmul_splits(seg.rows, tokens, cols, flags, rows) if self._uses_matmul(seg, tokens) else 1
+            if splits == 1:
+                pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
+                dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
+                continue
+            # Split K: partial sums (no bias, no residual) into the scratch, then matmul_reduce.
+            pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags & LINEAR_SILU, eps)
+            dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "partial"))
+            params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
+                                             row_offset=seg.row_offset, y_stride=rows, eps=eps))
+            reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
+            dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+        most = max((d[2][2] for d in dispatches if d[5] == "partial"), default=1)
         common = (
             bias.buffer if bias is not None else ctx.dummy,
             norm_weight.buffer if norm_weight is not None else ctx.dummy,
             bias,  # held so that their ids in the plan key stay theirs
             norm_weight,
+            most * tokens * rows * 4 if most > 1 else 0,  # the partials' scratch
         )
         return dispatches, {}, rows, common
 
@@ -473,15 +504,11 @@ class WgpuOps:
         params = ctx.uniform(
             LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
         )
-        if tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower()):
-            # Register-tiled prefill (matmul_body.wgsl), every format: 128x128 output tiles only
-            # when there are many (less L2 traffic, little wave tail), else 64x64; few 64x64 tiles
-            # (o_proj, down_proj) split K over 4 thread groups so each SM gets more warps.
-            tx = 16 if -(-seg.rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles else 8
-            few = -(-seg.rows // 64) * -(-tokens // 64) < self.matmul_split_k_below
-            ksplit = 4 if tx == 8 and few and cols >= 256 else 1
-            pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants={"TX": tx, "KSPLIT": ksplit})
-            return pipeline, params, (-(-seg.rows // (8 * tx)), -(-tokens // (8 * tx)), 1)
+        if self._uses_matmul(seg, tokens):
+            tm, tn, bk, ksplit = self.matmul_config(seg.rows, tokens, cols)
+            constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit}
+            pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants=constants)
+            return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
         if not seg.dense:
             if self.quant_t_min_tokens <= tokens <= self.matvec_max_tokens and ctx.has_subgroups:
                 # Several tokens: `main_t` dequantizes each unit once for up to 4 x tiles tokens.
@@ -546,6 +573,35 @@ class WgpuOps:
             return pipeline, params, _fold(-(-seg.rows // self.matvec_rows))
         pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matmul")
         return pipeline, params, (-(-seg.rows // 64), -(-tokens // 64), 1)
+
+    def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
+        return tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower())
+
+    def _matmul_splits(self, rows: int, tokens: int, cols: int, flags: int, y_stride: int) -> int:
+        """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless
+        ``matmul_splits`` says more and the product allows it (no fused norm, which needs whole
+        rows; partials within one storage binding; at least two steps of K per split)."""
+        tm, tn, bk, ksplit = self.matmul_config(rows, tokens, cols)
+        splits = self.matmul_splits
+        if splits is None:
+            tiles = -(-rows // (8 * tn)) * -(-tokens // (8 * tm))
+            splits = min(self.matmul_max_splits, self.matmul_split_tiles // tiles) if tiles < self.matmul_split_tiles else 1
+        splits = min(int(splits), cols // (2 * bk * ksplit))
+        if splits <= 1 or flags & LINEAR_NORM or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
+
+    def matmul_config(self, rows: int, tokens: int, cols: int) -> tuple[int, int, int, int]:
+        """(TM, TN, BK, KSPLIT) of the prefill matmul (matmul_body.wgsl) for a product of
+        ``tokens`` x ``cols`` by ``rows`` x ``cols``.
+
+        128x128 output tiles, with K split over 2 thread groups, only when there are many (less
+        L2 traffic, little wave tail); else 64 tokens x 128 rows, where few tiles (o_proj,
+        down_proj of a small model) split K over 4 thread groups so each SM gets more warps."""
+        if -(-rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles:
+            return 16, 16, 16, 2 if cols >= 64 else 1
+        few = -(-rows // 128) * -(-tokens // 64) < self.matmul_split_k_below
+        return 8, 16, 8, 4 if few and cols >= 256 else 1
 
     def _pipeline(self, seg: _Segment, kernel: str, kinds: tuple[str, ...], entry: str) -> Any:
         ctx = self.context
