@@ -22,28 +22,40 @@ struct Step {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 
+// raw_k4 / raw_v4 return the 4 values as stored (KVRaw), kv_unpack converts them: a kernel may
+// keep raw loads in flight and convert them later.
 // #if kv_f16
 @group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 
-fn load_k4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
-    let w = k_cache[(kv_head * params.capacity + pos) * (HEAD_DIM / 4u) + c4];
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
+alias KVRaw = vec2<u32>;
 
-fn load_v4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
-    let w = v_cache[(kv_head * params.capacity + pos) * (HEAD_DIM / 4u) + c4];
+fn kv_unpack(w: KVRaw) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 // #else
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec4<f32>>;
 
-fn load_k4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
+alias KVRaw = vec4<f32>;
+
+fn kv_unpack(w: KVRaw) -> vec4<f32> {
+    return w;
+}
+// #endif
+
+fn raw_k4(kv_head: u32, pos: u32, c4: u32) -> KVRaw {
     return k_cache[(kv_head * params.capacity + pos) * (HEAD_DIM / 4u) + c4];
 }
 
-fn load_v4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
+fn raw_v4(kv_head: u32, pos: u32, c4: u32) -> KVRaw {
     return v_cache[(kv_head * params.capacity + pos) * (HEAD_DIM / 4u) + c4];
 }
-// #endif
+
+fn load_k4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
+    return kv_unpack(raw_k4(kv_head, pos, c4));
+}
+
+fn load_v4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
+    return kv_unpack(raw_v4(kv_head, pos, c4));
+}

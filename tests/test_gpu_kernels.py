@@ -184,8 +184,33 @@ def test_attention_prefill_with_rows_shared_by_several_threads_matches_numpy(wgp
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
     ops.attention_prefill_lanes = lanes
+    ops.attention_tiled = False  # head_dim 64 would take attention_tiled
     for _, _, out, out_ref in _attention_case(ops, "f16", [37, 70], heads=4, kv_heads=2, head_dim=64, window=window):
         np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [0, 32, 64])
+@pytest.mark.parametrize("kv_format", ["f32", "f16"])
+@pytest.mark.parametrize("window", [None, 23, 50])
+def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
+    """attention_tiled (head_dim 64: 32 query rows x 32-key tiles, online softmax per tile): a
+    37-token prompt, then 70 and 12 more tokens on top of the cache (blocks that start mid-tile,
+    a partial last block, windows that begin inside a tile), 7 query heads on 1 KV head; whole
+    (chunk 0) and with the keys split over workgroups in chunks of 32 or 64, merged by
+    attention_combine (splits a window hides entirely, splits past a block)."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    ops.attention_tiled_chunk = chunk
+    calls = []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
+    try:
+        for _, _, out, out_ref in _attention_case(ops, kv_format, [37, 70, 12], heads=7, kv_heads=1, head_dim=64, window=window):
+            np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+    finally:
+        del ops.context.pipeline
+    assert "attention_tiled" in calls and "attention_prefill" not in calls
 
 
 def test_matvec_u_configurations_match_numpy(wgpu_context):

@@ -223,6 +223,8 @@ class WgpuOps:
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
+    attention_tiled = True  # prefill with head_dim 64: attention_tiled.wgsl (else attention_prefill)
+    attention_tiled_chunk = 128  # keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
     decode_ahead = 8  # greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
 
@@ -702,6 +704,28 @@ class WgpuOps:
             ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+        elif hd == 64 and self.attention_tiled:
+            # Register-tiled flash attention: 32 query rows x 32-key tiles per workgroup; past
+            # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
+            # attention_combine merges the splits as for flash-decoding.
+            chunk = self.attention_tiled_chunk
+            splits = -(-(start + tokens) // chunk) if chunk else 1
+            grid = (-(-tokens // 32), heads, splits)
+            if splits <= 1:
+                tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags)
+                ctx.dispatch(tiled, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+                return out
+            split_params = ctx.uniform(
+                ATTENTION.pack(
+                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                    max_splits=splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
+                )
+            )
+            partial = ctx.scratch(tokens * heads * splits * (hd + 2) * 4)
+            tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags, constants={"CHUNK": chunk})
+            ctx.dispatch(tiled, (split_params, step, q.buffer, k_buf, v_buf, partial.buffer), grid)
+            combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": chunk})
+            ctx.dispatch(combine, (split_params, step, partial.buffer, out.buffer), (heads, tokens, 1))
         else:
             # Threads per query row: a power of two dividing hd / 4, within a subgroup.
             dt = 1
