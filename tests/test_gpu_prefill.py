@@ -162,3 +162,20 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     np.testing.assert_allclose(got, expected, atol=2e-4 * max(1.0, np.abs(expected).max()), rtol=1e-4)
     kernels_run = ops.stats.dispatches - before
     assert kernels_run == (3 if splits == 1 else 4), "the two uploads (an embed each) and one matmul (+ reduce): no silu_mul dispatch"
+
+
+def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops, monkeypatch):
+    """WgpuContext.pipeline(unchecked=True) (wgpu-native's trusted shader module, measured by
+    tools/sweep_matmul.py --unchecked) builds a working pipeline; distinct from the checked one."""
+    ops = make_ops("f32", "tile64x128_split_k")
+    ctx = ops.context
+    rng = np.random.default_rng(5)
+    x, w = rand(rng, 40, 300), rand(rng, 50, 300)
+    real = ctx.pipeline
+    monkeypatch.setattr(ctx, "pipeline", lambda kernel, kinds, **kw: real(kernel, kinds, **kw, unchecked=True))
+    got = ops.read(ops.linear(upload(ops, x), ops.weight(w, name="w")))
+    np.testing.assert_allclose(got, ref.linear(x, w, None, None), atol=2e-4, rtol=1e-4)
+    constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    from kjarni.gpu.ops import LINEAR_KINDS
+
+    assert real("matmul_f32", LINEAR_KINDS, constants=constants, unchecked=True) is not real("matmul_f32", LINEAR_KINDS, constants=constants)
