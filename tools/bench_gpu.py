@@ -2,7 +2,7 @@
 
 Weights are generated with numpy (no files): f16, and GGUF quantized blocks (Q8_0, Q4_K) with
 random quants and sane scales. For each shape and format it measures prefill tok/s for a
-``--context``-token prompt, decode tok/s at that context (greedy argmax on the GPU, one submit per
+``--context``-token prompt (best of 3), decode tok/s at that context (greedy argmax on the GPU, one submit per
 token), GPU memory of the weights, dispatches per decode step and, where the adapter has
 timestamp queries, GPU time per kernel for one decode step. With torch + CUDA importable it also
 times Hugging Face transformers (eager, f16, random weights) on the same shapes.
@@ -127,10 +127,12 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     for _ in range(3):
         token = int(ops.argmax(model.forward([token], cache))[0])
 
-    cache.offset = 0
-    t0 = time.perf_counter()
-    token = int(ops.argmax(model.forward(prompt, cache))[0])
-    prefill_s = time.perf_counter() - t0
+    prefill_s = float("inf")  # best of 3: the first prompts after start-up run at lower clocks
+    for _ in range(3):
+        cache.offset = 0
+        t0 = time.perf_counter()
+        token = int(ops.argmax(model.forward(prompt, cache))[0])
+        prefill_s = min(prefill_s, time.perf_counter() - t0)
 
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -330,7 +332,8 @@ def bench_torch(shape: str, context: int, steps: int) -> dict | None:
             return prefill, time.perf_counter() - t0
 
     run()
-    prefill_s, decode_s = run()
+    runs = [run() for _ in range(3)]  # best of 3, as for kjarni
+    prefill_s, decode_s = min(r[0] for r in runs), min(r[1] for r in runs)
     return {"shape": shape, "backend": "transformers-eager-f16-cuda", "context": context,
             "prefill_tok_s": round(context / prefill_s, 1), "decode_tok_s": round(steps / decode_s, 1)}
 
