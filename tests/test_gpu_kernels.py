@@ -213,6 +213,25 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
     assert "attention_tiled" in calls and "attention_prefill" not in calls
 
 
+def test_attention_tiled_takes_longer_chunks_when_the_partials_would_be_too_large(wgpu_context):
+    """The split partials hold tokens x heads x splits rows of head_dim + 2 floats; past
+    attention_partial_max_bytes the chunk doubles until they fit (here 32 -> 64: 2 splits)."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
+    ops.attention_tiled_chunk = 32
+    ops.attention_partial_max_bytes = 70 * 4 * 66 * 4 * 2  # two splits of 70 tokens x 4 heads
+    chunks = []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: chunks.append((kw.get("constants") or {}).get("CHUNK")) or real(kernel, kinds, **kw)
+    try:
+        for _, _, out, out_ref in _attention_case(ops, "f16", [70], heads=4, kv_heads=2, head_dim=64):
+            np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+    finally:
+        del ops.context.pipeline
+    assert 64 in chunks and 32 not in chunks  # 70 keys: 3 chunks of 32 do not fit, 2 of 64 do
+
+
 def test_matvec_u_configurations_match_numpy(wgpu_context):
     """Every (threads, rows, chunks per step) of linear_body's matvec_u, with the fused norm, bias
     and residual, over rows not a multiple of R and columns not a multiple of 8 or of a step."""

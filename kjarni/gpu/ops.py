@@ -225,6 +225,7 @@ class WgpuOps:
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
     attention_tiled = True  # prefill with head_dim 64: attention_tiled.wgsl (else attention_prefill)
     attention_tiled_chunk = 128  # keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)
+    attention_partial_max_bytes = 64 << 20  # attention_tiled's split partials: longer chunks beyond this
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
     decode_ahead = 8  # greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
 
@@ -708,7 +709,12 @@ class WgpuOps:
             # Register-tiled flash attention: 32 query rows x 32-key tiles per workgroup; past
             # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
             # attention_combine merges the splits as for flash-decoding.
+            # The partials grow with tokens x splits: long prompts take longer chunks (doubling).
             chunk = self.attention_tiled_chunk
+            if chunk:
+                fits = min(self.attention_partial_max_bytes, ctx.max_binding_size) // (tokens * heads * (hd + 2) * 4)
+                while -(-(start + tokens) // chunk) > max(1, fits):
+                    chunk *= 2
             splits = -(-(start + tokens) // chunk) if chunk else 1
             grid = (-(-tokens // 32), heads, splits)
             if splits <= 1:
