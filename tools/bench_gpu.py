@@ -127,7 +127,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     for _ in range(3):
         token = int(ops.argmax(model.forward([token], cache))[0])
 
-    _warm_up(lambda: int(ops.argmax(model.forward(prompt, cache))[0]), cache)
+    _warm_up(ops, model, prompt, cache)
     prefill_s = float("inf")  # best of 3
     for _ in range(3):
         cache.offset = 0
@@ -253,14 +253,14 @@ def _verify_costs(model, ops, cache, token: int, steps: int) -> dict[str, float]
     return {str(k): round(1000 * float(np.median(v)), 3) for k, v in times.items()}
 
 
-def _warm_up(prefill, cache, seconds: float = 1.0) -> None:
-    """Runs ``prefill`` (from position 0) for at least ``seconds`` and 3 times: the H200 runs the
+def _warm_up(ops, model, prompt, cache, seconds: float = 1.0) -> None:
+    """Prefills ``prompt`` (from position 0) for at least ``seconds`` and 3 times: the H200 runs the
     first prompts after an idle spell at lower clocks (measured: 50 ms of wall time for 25 ms of
     GPU time), which made single timings swing by 2-3x between calls."""
     t0, n = time.perf_counter(), 0
     while n < 3 or time.perf_counter() - t0 < seconds:
         cache.offset = 0
-        prefill()
+        int(ops.argmax(model.forward(prompt, cache))[0])
         n += 1
 
 
@@ -272,7 +272,7 @@ def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> 
     model = build(shape, fmt, ops)
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
-    _warm_up(lambda: int(ops.argmax(model.forward(prompt, cache))[0]), cache)  # pipelines, clocks
+    _warm_up(ops, model, prompt, cache)  # pipelines, clocks
     times = []
     for _ in range(repeats):
         cache.offset = 0
