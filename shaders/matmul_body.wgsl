@@ -13,19 +13,20 @@
 // Tile: TM x TN threads (overrides, each 8 or 16) own a BM x BN = 8 TM tokens x 8 TN rows output
 //   tile; each thread holds 8 tokens x 8 rows in 16 vec4 registers (tokens 4 ty .. and BM/2 + 4 ty ..,
 //   rows 4 tx .. and BN/2 + 4 tx .., so a warp's vec4 reads of workgroup memory are contiguous).
-//   K goes BK columns per step (override, a multiple of 8, at most min(TM, TN)) through workgroup
-//   memory (x and W as f32, [k][token|row]); a thread loads at most one 8-column chunk of x and
-//   one of W per step (the BM BK / 8 and BN BK / 8 first threads), and issues the next step's
-//   loads into registers while it computes the current one, converting them (norm, silu,
-//   dequantization) only when it stores them at the next step (two barriers per step).
-//   Workgroup memory: KSPLIT (4 BK (BM + BN) + 4 TM TN) bytes: 17 KiB at TM = TN = BK = 16,
-//   KSPLIT = 1 and at TM = TN = BK = 8, KSPLIT = 4 (lavapipe allows 32 KiB).
+//   K goes BK columns per step (override, TN / 2 or TN, at most min(TM, TN)) through workgroup
+//   memory (x and W as f32, [k][token|row]). Every thread loads one column of 8 BK / TN rows of x
+//   (consecutive threads, consecutive columns: see XRaw), the first BN BK / 8 threads one 8-column
+//   chunk of a row of W each; the next step's loads are issued into registers while the current
+//   step computes and converted (norm, silu, dequantization) only when stored at the next step
+//   (two barriers per step). Workgroup memory: KSPLIT 4 BK (BM + 4 + BN) bytes: 16.5 KiB at
+//   TM = TN = BK = 16, KSPLIT = 1 and 25 KiB at TM = 8, TN = 16, BK = 8, KSPLIT = 4 (lavapipe
+//   allows 32 KiB). The fused norm's sums of squares meet in xs / ws at the end.
 // Split K (override KSPLIT, 1, 2 or 4, with KSPLIT BK >= 2 max(TM, TN)): KSPLIT groups of TM x TN
 //   threads compute the same output tile over interleaved K steps (group g takes steps g,
 //   g + KSPLIT, ..., each in its own part of workgroup memory) and group 0 adds the others' sums at
 //   the end through workgroup memory. It multiplies the warps per workgroup for shapes with few
-//   tiles (o_proj, down_proj of a small model at a 512-token prompt: 112 tiles of 64x64) without a
-//   second pass or more bindings.
+//   tiles (o_proj, down_proj of a small model at a 512-token prompt: 56 tiles of 64 x 128) without
+//   a second pass or more bindings.
 // Split K over workgroups (grid z = S > 1, shapes with few tiles and long rows): workgroup z
 //   takes the z-th of S equal runs of whole steps of K and writes its partial sums, unscaled and
 //   without bias or residual (the host clears those flags and bit 2), to y[z tokens + t] (y is a

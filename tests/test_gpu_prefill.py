@@ -82,10 +82,33 @@ def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
     return calls
 
 
+def _big(ctx) -> dict:
+    """The 128x128 configuration: K over 2 thread groups where the device has the 32.5 KiB of
+    workgroup memory that takes (the H200: 48 KiB), else over 1 (lavapipe: 32 KiB)."""
+    from kjarni.gpu.ops import matmul_workgroup_bytes
+
+    return {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2 if matmul_workgroup_bytes(16, 16, 16, 2) <= ctx.max_workgroup_storage else 1}
+
+
+def test_tile_configurations_fit_the_devices_workgroup_memory(wgpu_context, monkeypatch):
+    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.ops import matmul_workgroup_bytes
+
+    ops = WgpuOps(wgpu_context)
+    assert matmul_workgroup_bytes(16, 16, 16, 2) == 33280 and matmul_workgroup_bytes(8, 16, 8, 4) == 25088
+    monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 48 << 10)
+    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 2)  # 1216 tiles of 128 x 128
+    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 4)
+    monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 32 << 10)
+    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 1)
+    monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 16 << 10)
+    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 1)
+
+
 def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
     rng = np.random.default_rng(0)
     x, w = rand(rng, 10, 300), rand(rng, 20, 300)  # 10 tokens: past matvec_max_tokens (9)
-    big, small, split = {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    big, small, split = _big(make_ops("f32", "tile128").context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
     reduce = [("matmul_reduce", {})]  # the grid-split variants add their partials in a second dispatch
     expected = {"tile128": [("matmul_f32", big)], "tile64x128": [("matmul_f32", small)], "tile64x128_split_k": [("matmul_f32", split)],
                 "tile128_grid_split": [("matmul_f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul_f32", split), *reduce]}
@@ -111,7 +134,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     ops.linear(x, ops.weight(rand(rng, 24, 256), name="w2"))  # enough 128x128 tiles by the threshold
     ops.matmul_min_big_tiles = 10**9
     ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
-    split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}, {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}
+    split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}, _big(wgpu_context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}
     reduce = ("matmul_reduce", {})
     assert calls == [("matmul_f16", split), reduce, ("matmul_f16", split), ("matmul_f16", big), reduce, ("matmul_f16", small)]
     assert ops._matmul_splits(24, 10, 256, 0, 24) == 4

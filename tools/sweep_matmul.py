@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kjarni.gpu import kernels
-from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps
+from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, matmul_workgroup_bytes
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
 from tools.sweep_matvec import EPS, Bench, _quant_weight
 
@@ -181,6 +181,8 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
         configs += [(c, False, probe) for c in CONFIGS for probe in PROBES]
     for cfg, unchecked, probe in configs:
         tm, tn, bk, ks, splits = cfg
+        if matmul_workgroup_bytes(tm, tn, bk, ks) > ctx.max_workgroup_storage:
+            continue  # more workgroup memory than this device allows
         label = f"TM={tm} TN={tn} BK={bk} KSPLIT={ks} S={splits}" + (" unchecked" if unchecked else "") + (f" probe={probe}" if probe else "")
         grid = (-(-rows // (8 * tn)), -(-tokens // (8 * tm)), splits)
         try:

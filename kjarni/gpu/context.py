@@ -202,6 +202,7 @@ class WgpuContext:
         if max_binding_size is not None:
             self.max_binding_size = min(self.max_binding_size, int(max_binding_size))
         self.storage_alignment = int(limits["min-storage-buffer-offset-alignment"])
+        self.max_workgroup_storage = int(limits["max-compute-workgroup-storage-size"])
         self.submit_every = submit_every
         self.stats = Stats()
         self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}

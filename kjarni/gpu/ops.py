@@ -179,6 +179,12 @@ class WgpuKVCache:
         return self.offset
 
 
+def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int) -> int:
+    """Workgroup memory of matmul_body.wgsl's tiles: per thread group, x as BK x (2 TM + 1) and W
+    as BK x 2 TN vec4s."""
+    return ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
+
+
 class WgpuOps:
     """The GPU backend.
 
@@ -602,9 +608,17 @@ class WgpuOps:
         L2 traffic, little wave tail); else 64 tokens x 128 rows, where few tiles (o_proj,
         down_proj of a small model) split K over 4 thread groups so each SM gets more warps."""
         if -(-rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles:
-            return 16, 16, 16, 2 if cols >= 64 else 1
-        few = -(-rows // 128) * -(-tokens // 64) < self.matmul_split_k_below
-        return 8, 16, 8, 4 if few and cols >= 256 else 1
+            config = (16, 16, 16, 2 if cols >= 64 else 1)
+        else:
+            few = -(-rows // 128) * -(-tokens // 64) < self.matmul_split_k_below
+            config = (8, 16, 8, 4 if few and cols >= 256 else 1)
+        tm, tn, bk, ksplit = config
+        # Within the device's workgroup memory (128x128 tiles with KSPLIT 2 need 32.5 KiB; many
+        # devices allow 32), and KSPLIT BK >= 2 max(TM, TN) (the groups' sums meet in the tiles).
+        while ksplit > 1 and (matmul_workgroup_bytes(tm, tn, bk, ksplit) > self.context.max_workgroup_storage
+                              or ksplit * bk < 2 * max(tm, tn)):
+            ksplit //= 2
+        return tm, tn, bk, ksplit
 
     def _pipeline(self, seg: _Segment, kernel: str, kinds: tuple[str, ...], entry: str) -> Any:
         ctx = self.context
