@@ -213,6 +213,23 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
     assert "attention_tiled" in calls and "attention_prefill" not in calls
 
 
+def test_attention_tiled_workgroup_memory_is_what_the_host_checks(wgpu_context):
+    """WgpuOps uses attention_tiled only on devices with ATTENTION_TILED_BYTES of workgroup
+    memory: the figure must be the shader's."""
+    import re
+
+    from kjarni.gpu import kernels
+    from kjarni.gpu.ops import ATTENTION_TILED_BYTES
+
+    src = kernels.source("attention_tiled", frozenset())
+    consts = {k: int(v) for k, v in re.findall(r"const (\w+): u32 = (\d+)u;", src)}
+    total = 0
+    for kind, size in re.findall(r"var<workgroup> \w+: array<(vec4<f32>|f32), ([^>]+)>;", src):
+        elems = eval(re.sub(r"(\d+)u", r"\1", size), {}, consts)  # noqa: S307 (constants of our own shader)
+        total += elems * (16 if kind.startswith("vec4") else 4)
+    assert total == ATTENTION_TILED_BYTES
+
+
 def test_attention_tiled_takes_longer_chunks_when_the_partials_would_be_too_large(wgpu_context):
     """The split partials hold tokens x heads x splits rows of head_dim + 2 floats; past
     attention_partial_max_bytes the chunk doubles until they fit (here 32 -> 64: 2 splits)."""

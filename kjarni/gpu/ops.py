@@ -179,6 +179,9 @@ class WgpuKVCache:
         return self.offset
 
 
+ATTENTION_TILED_BYTES = 30720  # attention_tiled.wgsl's workgroup memory: q, k, v 8 KiB each, p 4, maxima 2
+
+
 def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int) -> int:
     """Workgroup memory of matmul_body.wgsl's tiles: per thread group, x as BK x (2 TM + 1) and W
     as BK x 2 TN vec4s."""
@@ -719,7 +722,7 @@ class WgpuOps:
             ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
-        elif hd == 64 and self.attention_tiled:
+        elif hd == 64 and self.attention_tiled and ctx.max_workgroup_storage >= ATTENTION_TILED_BYTES:
             # Register-tiled flash attention: 32 query rows x 32-key tiles per workgroup; past
             # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
             # attention_combine merges the splits as for flash-decoding.
