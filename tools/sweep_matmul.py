@@ -4,10 +4,16 @@ For each of Qwen2.5-0.5B's four prefill products at ``--tokens`` tokens (default
 1152x896 with norm + bias, o_proj 896x896 with residual, gate_up 9728x896 with norm, down
 896x4864 reading silu(gate) * up plus residual), every configuration of ``matmul_<format>``
 (shaders/matmul_body.wgsl: TM x TN threads of 8x8 outputs, BK columns per step, KSPLIT thread
-groups splitting K) is timed with timestamp queries around one compute pass of ``--reps``
-back-to-back dispatches (median of ``--passes``), each dispatch on another copy of the weight,
-and checked against numpy. ``--unchecked`` also times every variant compiled without naga's
-runtime checks (WgpuContext.pipeline(unchecked=True)).
+groups splitting K, S workgroups splitting K with matmul_reduce after them, for products without a
+fused norm) is timed with timestamp queries around one compute pass of ``--reps`` back-to-back
+dispatches (median of ``--passes``), each dispatch on another copy of the weight, and checked
+against numpy; configurations needing more workgroup memory than the device has are skipped.
+``--configs "TM,TN,BK,KSPLIT,S;..."`` sweeps only those. ``--unchecked`` also times every variant
+compiled without naga's runtime checks (WgpuContext.pipeline(unchecked=True)); ``--probe`` adds
+diagnostic kernels without the step loop's global loads, or also its barriers (timing only).
+
+    python tools/sweep_matmul.py --reps 30 --passes 5    # on the GPU to tune (H200: see docs/benchmarks.md)
+    python tools/sweep_matmul.py --quick                 # a check on a CPU adapter (lavapipe)
 
 Also measures this GPU's f32 FMA rate on registers alone (a kernel of 64 independent FMAs per
 loop step), the ceiling any SIMT matmul here can reach.
