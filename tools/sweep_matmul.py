@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kjarni.gpu import kernels
 from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, matmul_workgroup_bytes
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
-from tools.sweep_matvec import EPS, Bench, _quant_weight
+from tools.sweep_matvec import EPS, Bench
 
 SHAPES = {  # name: (rows, cols, flags)
     "qkv": (1152, 896, LINEAR_NORM | LINEAR_BIAS),
@@ -93,90 +93,22 @@ def ops_choice(bench: Bench, rows: int, tokens: int, cols: int, flags: int) -> t
     return (*ops.matmul_config(rows, tokens, cols), ops._matmul_splits(rows, tokens, cols, flags, rows))
 
 
-def time_steps(bench: Bench, steps: list, copies: int) -> float:
-    """Median seconds per repetition of ``steps`` [(pipeline, groups, grid)] (groups cycled)."""
-    a, dev = bench.args, bench.dev
-    enc = dev.create_command_encoder()
-    for p in range(a.passes):
-        cp = enc.begin_compute_pass(timestamp_writes={
-            "query_set": bench.qs, "beginning_of_pass_write_index": 2 * p, "end_of_pass_write_index": 2 * p + 1})
-        for i in range(a.reps):
-            for pipeline, groups, grid in steps:
-                cp.set_pipeline(pipeline)
-                cp.set_bind_group(0, groups[(p * a.reps + i) % copies])
-                cp.dispatch_workgroups(*grid)
-        cp.end()
-    resolve = dev.create_buffer(size=16 * a.passes, usage=bench.wgpu.BufferUsage.QUERY_RESOLVE | bench.wgpu.BufferUsage.COPY_SRC)
-    enc.resolve_query_set(bench.qs, 0, 2 * a.passes, resolve, 0)
-    dev.queue.submit([enc.finish()])
-    ticks = np.frombuffer(dev.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
-    return float(np.median((ticks[1::2] - ticks[0::2]) * 1e-9 / a.reps))
-
-
 def fma_peak(bench: Bench, groups: int) -> dict:
     ctx, dev = bench.ctx, bench.dev
     pipeline = ctx.pipeline("fma_peak", ("rw",), source=FMA_PEAK)
     out = dev.create_buffer(size=groups * 256 * 16, usage=bench.wgpu.BufferUsage.STORAGE)
     group = dev.create_bind_group(layout=ctx.layout(("rw",))[0], entries=[
         {"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
-    sec = time_steps(bench, [(pipeline, [group], (groups, 1, 1))], 1)
+    sec = bench.time(pipeline, [group], (groups, 1, 1))
     flops = groups * 256 * 1024 * 64 * 2
     return {"workgroups": groups, "us": round(sec * 1e6, 1), "tflops": round(flops / sec / 1e12, 2)}
 
 
 def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: int, tokens: int, args, rng) -> list[dict]:
     ctx = bench.ctx
-    silu = bool(flags & LINEAR_SILU)
-    x = rng.standard_normal((tokens, cols * (2 if silu else 1)), dtype=np.float32)
-    bias = rng.standard_normal(rows, dtype=np.float32) * 0.1
-    residual = rng.standard_normal((tokens, rows), dtype=np.float32)
-    nw = (1.0 + 0.1 * rng.standard_normal(cols, dtype=np.float32)).astype(np.float32)
-    if fmt in ("f16", "f32"):
-        padded = -(-cols // 8) * 8 if fmt == "f16" else cols
-        dt = np.float16 if fmt == "f16" else np.float32
-        wd = np.zeros((rows, padded), dt)
-        wd[:, :cols] = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(dt)
-        dense = wd[:, :cols].astype(np.float32)
-        wa_data, wb_data, nbytes = wd, None, wd.nbytes
-    else:
-        rep = _quant_weight(fmt.upper(), rows, cols, rng)
-        from kjarni.gpu import quant
-
-        dense = quant.dequantize_repacked(rep).astype(np.float32)
-        wa_data, wb_data, nbytes = rep.w_a, rep.w_b, rep.w_a.nbytes + rep.w_b.nbytes
-    copies = int(max(1, min(args.max_copies, -(-args.l2_bytes // nbytes))))
-    wa, sa = bench.buffer(wa_data, copies)
-    wb, sb = bench.buffer(wb_data, copies) if wb_data is not None else (ctx.dummy, 256)
-    xb, _ = bench.buffer(x)
-    bb, _ = bench.buffer(bias)
-    rb, _ = bench.buffer(residual)
-    nb_, _ = bench.buffer(nw)
-    usage = bench.wgpu.BufferUsage.STORAGE | bench.wgpu.BufferUsage.COPY_SRC | bench.wgpu.BufferUsage.COPY_DST
-    yb = bench.dev.create_buffer(size=max(256, rows * tokens * 4), usage=usage)
-    pb = bench.dev.create_buffer(size=max(256, 6 * rows * tokens * 4), usage=usage)  # split-K partials, S <= 6
+    case = bench.linear_case(fmt, rows, cols, tokens, flags, rng, partial_bytes=6 * rows * tokens * 4)  # split-K partials, S <= 6
     params = ctx.uniform(LINEAR.pack(rows=rows, cols=cols, tokens=tokens, flags=flags, row_offset=0, y_stride=rows, eps=EPS))
-    xv = x[:, :cols]
-    if silu:
-        xv = xv / (1.0 + np.exp(-xv)) * x[:, cols:]
-    ref = (xv * nw if flags & LINEAR_NORM else xv) @ dense.T
-    if flags & LINEAR_NORM:
-        ref = ref / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + EPS)
-    if flags & LINEAR_BIAS:
-        ref = ref + bias
-    if flags & LINEAR_RESIDUAL:
-        ref = ref + residual
-    scale = float(np.abs(ref).max()) + 1e-6
-    layout = ctx.layout(LINEAR_KINDS)[0]
-
-    def bind(par, x_, w, y_, res=True):
-        return [bench.dev.create_bind_group(layout=layout, entries=[
-            {"binding": b, "resource": {"buffer": buf, "offset": off, "size": size}} for b, (buf, off, size) in enumerate([
-                (par, 0, par.size), (x_, 0, x_.size), (wa, i * sa, sa) if w else (ctx.dummy, 0, 256),
-                (wb, (i * sb) if wb is not ctx.dummy else 0, sb if wb is not ctx.dummy else 256) if w else (ctx.dummy, 0, 256),
-                (bb, 0, bb.size) if res else (ctx.dummy, 0, 256), (rb, 0, rb.size) if res else (ctx.dummy, 0, 256),
-                (nb_, 0, nb_.size), (y_, 0, y_.size)])]) for i in range(copies)]
-
-    groups = bind(params, xb, True, yb)
+    groups = case.groups(params, case.x, case.y)
     picked = ops_choice(bench, rows, tokens, cols, flags)
     flops = 2.0 * tokens * rows * cols
     results = []
@@ -208,20 +140,10 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
                 r_params = ctx.uniform(LINEAR.pack(rows=rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
                                                    row_offset=0, y_stride=rows, eps=EPS))
                 reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
-                steps = [(pipeline, bind(p_params, xb, True, pb, res=False), grid),
-                         (reduce, bind(r_params, pb, False, yb), (-(-rows // 256), tokens, 1))]
-            enc = bench.dev.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            for pipe, gs, gr in steps:
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, gs[0])
-                cp.dispatch_workgroups(*gr)
-            cp.end()
-            bench.dev.queue.submit([enc.finish()])
-            y = np.frombuffer(bench.dev.queue.read_buffer(yb, 0, rows * tokens * 4), np.float32).reshape(tokens, rows)
-            bench.dev.queue.write_buffer(yb, 0, np.zeros(rows * tokens, np.float32))
-            err = float(np.abs(y - ref).max()) / scale
-            sec = time_steps(bench, steps, copies)
+                steps = [(pipeline, case.groups(p_params, case.x, case.partials, bias_residual=False), grid),
+                         (reduce, case.groups(r_params, case.partials, case.y, weight=False), (-(-rows // 256), tokens, 1))]
+            err = bench.check(case, steps)
+            sec = bench.time_steps(steps, case.copies)
             results.append({"shape": name, "format": fmt, "variant": label, "config": list(cfg), "unchecked": unchecked,
                             "us": round(sec * 1e6, 1), "tflops": round(flops / sec / 1e12, 2),
                             "rel_err": float(f"{err:.2e}"), "ok": err < 1e-4 or bool(probe), "grid": list(grid),

@@ -44,7 +44,9 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +87,50 @@ def _quant_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator) -> q
     return quant.repack(QuantTensor(qt, (rows, cols), data.reshape(rows, nb * size)))
 
 
+@dataclass
+class LinearCase:
+    """One linear product's buffers on the GPU (weight copies as (buffer, stride)), y, an
+    optional scratch for split-K partials, and the numpy reference."""
+
+    bench: Bench
+    rows: int
+    cols: int
+    tokens: int
+    copies: int
+    nbytes: int  # of one copy of the weight
+    w_a: tuple
+    w_b: tuple
+    x: Any
+    bias: Any
+    residual: Any
+    norm: Any
+    y: Any
+    partials: Any
+    ref: np.ndarray
+    scale: float
+
+    def groups(self, params, x, y, *, weight: bool = True, bias_residual: bool = True) -> list:
+        """One bind group per weight copy (linear family bindings 0 .. 7): ``params``, ``x``, the
+        weight (else dummies), bias and residual (else dummies), the norm weight, ``y``."""
+        ctx = self.bench.ctx
+        dummy = (ctx.dummy, 0, 256)
+        (wa, sa), (wb, sb) = self.w_a, self.w_b
+        layout = ctx.layout(LINEAR_KINDS)[0]
+        out = []
+        for i in range(self.copies):
+            entries = [
+                (params, 0, params.size), (x, 0, x.size),
+                (wa, i * sa, sa) if weight else dummy,
+                ((wb, i * sb, sb) if wb is not ctx.dummy else dummy) if weight else dummy,
+                (self.bias, 0, self.bias.size) if bias_residual else dummy,
+                (self.residual, 0, self.residual.size) if bias_residual else dummy,
+                (self.norm, 0, self.norm.size), (y, 0, y.size),
+            ]
+            out.append(self.bench.dev.create_bind_group(layout=layout, entries=[
+                {"binding": b, "resource": {"buffer": buf, "offset": off, "size": size}} for b, (buf, off, size) in enumerate(entries)]))
+        return out
+
+
 class Bench:
     def __init__(self, args) -> None:
         self.args = args
@@ -116,24 +162,19 @@ class Bench:
             src.destroy()
         return buf, stride
 
-    def group(self, pipeline, entries):
-        """entries: per binding (buffer, offset, size)."""
-        layout = self.ctx.layout(LINEAR_KINDS)[0]
-        return self.dev.create_bind_group(layout=layout, entries=[
-            {"binding": i, "resource": {"buffer": b, "offset": o, "size": s}} for i, (b, o, s) in enumerate(entries)
-        ])
-
-    def time(self, pipeline, groups, grid) -> float:
-        """Median seconds per dispatch over passes of reps dispatches cycling through groups."""
+    def time_steps(self, steps: list, copies: int) -> float:
+        """Median seconds per repetition of ``steps`` [(pipeline, groups, grid)] over passes of
+        ``--reps`` repetitions, repetition i using groups[i % copies]."""
         a = self.args
         enc = self.dev.create_command_encoder()
         for p in range(a.passes):
             cp = enc.begin_compute_pass(timestamp_writes={
                 "query_set": self.qs, "beginning_of_pass_write_index": 2 * p, "end_of_pass_write_index": 2 * p + 1})
-            cp.set_pipeline(pipeline)
             for i in range(a.reps):
-                cp.set_bind_group(0, groups[(p * a.reps + i) % len(groups)])
-                cp.dispatch_workgroups(*grid)
+                for pipeline, groups, grid in steps:
+                    cp.set_pipeline(pipeline)
+                    cp.set_bind_group(0, groups[(p * a.reps + i) % copies])
+                    cp.dispatch_workgroups(*grid)
             cp.end()
         resolve = self.dev.create_buffer(size=16 * a.passes, usage=self.wgpu.BufferUsage.QUERY_RESOLVE | self.wgpu.BufferUsage.COPY_SRC)
         enc.resolve_query_set(self.qs, 0, 2 * a.passes, resolve, 0)
@@ -142,36 +183,50 @@ class Bench:
         per = (ticks[1::2] - ticks[0::2]) * 1e-9 / a.reps
         return float(np.median(per))
 
-    def run_shape(self, name: str, fmt: str, rows: int, cols: int, flags: int, rng) -> list[dict]:
+    def time(self, pipeline, groups, grid) -> float:
+        """Median seconds per dispatch over passes of reps dispatches cycling through groups."""
+        return self.time_steps([(pipeline, groups, grid)], len(groups))
+
+    def check(self, case: LinearCase, steps: list) -> float:
+        """Runs ``steps`` once (first copy of the weight) and returns the output's largest error
+        against numpy, relative to the largest reference value; then zeroes y, so a later variant
+        that writes nothing cannot pass on this one's output."""
+        enc = self.dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        for pipeline, groups, grid in steps:
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, groups[0])
+            cp.dispatch_workgroups(*grid)
+        cp.end()
+        self.dev.queue.submit([enc.finish()])
+        n = case.rows * case.tokens
+        y = np.frombuffer(self.dev.queue.read_buffer(case.y, 0, n * 4), np.float32).reshape(case.tokens, case.rows)
+        self.dev.queue.write_buffer(case.y, 0, np.zeros(n, np.float32))
+        return float(np.abs(y - case.ref).max()) / case.scale
+
+    def linear_case(self, fmt: str, rows: int, cols: int, tokens: int, flags: int, rng, partial_bytes: int = 0) -> LinearCase:
+        """Random inputs of one linear product on the GPU (the weight in as many copies as cycle
+        through --l2-bytes) and its numpy reference. fmt: f32, f16 or a quantized format."""
         ctx, a = self.ctx, self.args
-        tokens = a.tokens
         silu = bool(flags & LINEAR_SILU)
         x = rng.standard_normal((tokens, cols * (2 if silu else 1)), dtype=np.float32)
         bias = rng.standard_normal(rows, dtype=np.float32) * 0.1
         residual = rng.standard_normal((tokens, rows), dtype=np.float32)
         nw = (1.0 + 0.1 * rng.standard_normal(cols, dtype=np.float32)).astype(np.float32)
-        if fmt == "f16":
-            padded = -(-cols // 8) * 8
-            w16 = np.zeros((rows, padded), np.float16)
-            w16[:, :cols] = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
-            dense = w16[:, :cols].astype(np.float32)
-            wa_data, wb_data = w16, None
-            nbytes = w16.nbytes
+        if fmt in ("f16", "f32"):
+            dt = np.float16 if fmt == "f16" else np.float32
+            wd = np.zeros((rows, -(-cols // 8) * 8 if fmt == "f16" else cols), dt)
+            wd[:, :cols] = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(dt)
+            dense = wd[:, :cols].astype(np.float32)
+            wa_data, wb_data, nbytes = wd, None, wd.nbytes
         else:
             rep = _quant_weight(fmt.upper(), rows, cols, rng)
             dense = quant.dequantize_repacked(rep).astype(np.float32)
-            wa_data, wb_data = rep.w_a, rep.w_b
-            nbytes = rep.w_a.nbytes + rep.w_b.nbytes
+            wa_data, wb_data, nbytes = rep.w_a, rep.w_b, rep.w_a.nbytes + rep.w_b.nbytes
         copies = int(max(1, min(a.max_copies, -(-a.l2_bytes // nbytes))))
         wa, sa = self.buffer(wa_data, copies)
         wb, sb = self.buffer(wb_data, copies) if wb_data is not None else (ctx.dummy, 256)
-        xb, _ = self.buffer(x)
-        bb, _ = self.buffer(bias)
-        rb, _ = self.buffer(residual)
-        nb_, _ = self.buffer(nw)
-        yb = self.dev.create_buffer(size=max(256, rows * tokens * 4), usage=self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC)
-        params = ctx.uniform(LINEAR.pack(rows=rows, cols=cols, tokens=tokens, flags=flags, row_offset=0, y_stride=rows, eps=EPS))
-        # numpy reference
+        usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
         xv = x[:, :cols]
         if silu:
             xv = xv / (1.0 + np.exp(-xv)) * x[:, cols:]
@@ -182,14 +237,19 @@ class Bench:
             ref = ref + bias
         if flags & LINEAR_RESIDUAL:
             ref = ref + residual
-        scale = float(np.abs(ref).max()) + 1e-6
+        return LinearCase(
+            self, rows, cols, tokens, copies, nbytes, (wa, sa), (wb, sb), self.buffer(x)[0], self.buffer(bias)[0],
+            self.buffer(residual)[0], self.buffer(nw)[0], self.dev.create_buffer(size=max(256, rows * tokens * 4), usage=usage),
+            self.dev.create_buffer(size=max(256, partial_bytes), usage=usage) if partial_bytes else None,
+            ref, float(np.abs(ref).max()) + 1e-6,
+        )
 
-        def groups_for(pipeline):
-            return [self.group(pipeline, [
-                (params, 0, params.size), (xb, 0, xb.size), (wa, i * sa, sa),
-                (wb, (i * sb) if wb is not ctx.dummy else 0, sb if wb is not ctx.dummy else 256),
-                (bb, 0, bb.size), (rb, 0, rb.size), (nb_, 0, nb_.size), (yb, 0, yb.size)]) for i in range(copies)]
-
+    def run_shape(self, name: str, fmt: str, rows: int, cols: int, flags: int, rng) -> list[dict]:
+        ctx, a = self.ctx, self.args
+        tokens = a.tokens
+        case = self.linear_case(fmt, rows, cols, tokens, flags, rng)
+        params = ctx.uniform(LINEAR.pack(rows=rows, cols=cols, tokens=tokens, flags=flags, row_offset=0, y_stride=rows, eps=EPS))
+        groups = case.groups(params, case.x, case.y)
         results = []
         families = set(a.variants.split(",")) if a.variants else None
         picked = ops_choice(fmt, rows, cols, tokens)
@@ -197,19 +257,10 @@ class Bench:
             if families is not None and label.split()[0] not in families:
                 continue
             try:
-                groups = groups_for(pipeline)
-                enc = self.dev.create_command_encoder()
-                cp = enc.begin_compute_pass()
-                cp.set_pipeline(pipeline)
-                cp.set_bind_group(0, groups[0])
-                cp.dispatch_workgroups(*grid)
-                cp.end()
-                self.dev.queue.submit([enc.finish()])
-                y = np.frombuffer(self.dev.queue.read_buffer(yb, 0, rows * tokens * 4), np.float32).reshape(tokens, rows)
-                err = float(np.abs(y - ref).max()) / scale
+                err = self.check(case, [(pipeline, groups, grid)])
                 sec = self.time(pipeline, groups, grid)
                 results.append({"shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
-                                "gb_s": round(nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
+                                "gb_s": round(case.nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
                                 "grid": list(grid)})
                 if tokens > 1:
                     results[-1]["ops"] = label == picked
