@@ -692,14 +692,18 @@ class WgpuOps:
         step = self._step(start)
         max_splits = -(-kv_cache.capacity // DECODE_CHUNK)
         key = ("attention", tokens, heads, kv, hd, kv_cache.capacity, window or 0)
-        params = self._plans.get(key)
-        if params is None:
-            params = self._plans[key] = ctx.uniform(
+
+        def uniform(splits: int) -> Any:  # the attention Params with this stride of split partials
+            return ctx.uniform(
                 ATTENTION.pack(
                     num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
-                    max_splits=max_splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
+                    max_splits=splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
                 )
             )
+
+        params = self._plans.get(key)
+        if params is None:
+            params = self._plans[key] = uniform(max_splits)
         flags = self._kv_flags(kv_cache)
         out = self._new(tokens, width)
         k_buf, v_buf = kv_cache.keys[layer], kv_cache.values[layer]
@@ -738,12 +742,7 @@ class WgpuOps:
                 tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags)
                 ctx.dispatch(tiled, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
                 return out
-            split_params = ctx.uniform(
-                ATTENTION.pack(
-                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
-                    max_splits=splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
-                )
-            )
+            split_params = uniform(splits)
             partial = ctx.scratch(tokens * heads * splits * (hd + 2) * 4)
             tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags, constants={"CHUNK": chunk})
             ctx.dispatch(tiled, (split_params, step, q.buffer, k_buf, v_buf, partial.buffer), grid)
