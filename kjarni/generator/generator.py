@@ -1,10 +1,13 @@
 """``Generator``: raw text generation from a prompt, with streams and awaitable twins.
 
 One Generator runs one generation at a time: a stream holds the Generator's lock from its
-creation until it is exhausted or closed (``close()``, ``break`` out of a ``for`` loop, garbage
-collection, a cancelled asyncio task). Other threads wait for it; the thread holding it gets an
-error instead of a deadlock. The async twins run the blocking loop in a worker thread that
-checks for cancellation between tokens.
+creation until it is exhausted or closed (``close()``, leaving a ``for`` loop over it early,
+garbage collection, the exit of the thread that opened it, a cancelled asyncio task). Other
+threads wait for it; the thread holding it gets an error instead of a deadlock. The async twins
+run the blocking loop in a worker thread that checks for cancellation between tokens.
+
+``Generator.cancel()`` may be called from any thread: every generation started before it ends
+before its next decode step, returning what it had with finish reason ``"cancelled"``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -38,6 +42,8 @@ class GeneratedToken:
     special tokens, and for the end token); ``logprob`` is the model's log-probability of the token;
     ``finish_reason`` is set on the last token of a generation: ``"eos"`` (the model's end token),
     ``"stop"`` (a stop string), ``"length"`` (max_tokens) or ``"context"`` (the context is full).
+    A generation stopped by ``Generator.cancel()`` has no such last token: its stream just ends,
+    with the stream's ``finish_reason`` (and ``last_stats.finish_reason``) ``"cancelled"``.
     """
 
     text: str
@@ -88,7 +94,11 @@ class Generator:
         self._context_size = context_size
         self._load_config = load_config
         self._lock = threading.Lock()
-        self._owner: int | None = None
+        # The thread holding the lock, by a token that dies with the thread (never by thread id,
+        # which a new thread may reuse); weak, so the token's death can release an orphaned stream.
+        self._owner: weakref.ref[_ThreadToken] | None = None
+        self._cancel_epoch = 0  # bumped by cancel(); a stream started under an older one ends
+        self._cancel_lock = threading.Lock()
         self._kv_cache: Any = None
         self._draft = draft
         self._draft_kv_cache: Any = None
@@ -211,6 +221,19 @@ class Generator:
         finally:
             self._release()
 
+    def cancel(self) -> None:
+        """Stop every generation started before this call; safe to call from any thread.
+
+        The running generation (blocking, streaming or async) ends before its next decode step:
+        ``generate`` returns the text it had, a stream simply ends, and both report finish reason
+        ``"cancelled"`` (``last_stats.finish_reason``, ``stream.finish_reason``). Generations
+        waiting their turn end as soon as they get it, with no tokens; generations started after
+        this call are not affected. A prefill already running is finished first (the first token
+        comes out of it). Returns at once; does nothing when no generation is running.
+        """
+        with self._cancel_lock:
+            self._cancel_epoch += 1
+
     def __repr__(self) -> str:
         draft = f", draft={self._draft.name!r}" if self._draft is not None else ""
         prefix = f", prefix_cache={self._prefix_cache.capacity}" if self._prefix_cache is not None else ""
@@ -308,10 +331,12 @@ class Generator:
             )
         return prompt_ids, config
 
-    def _acquire(self, stop: threading.Event | None = None) -> bool:
-        """Take the one-generation-at-a-time lock; False if ``stop`` was set while waiting."""
-        me = threading.get_ident()
-        if self._owner == me:
+    def _acquire(self, stop: threading.Event | None = None) -> _ThreadToken | None:
+        """Take the one-generation-at-a-time lock and return the calling thread's token; None if
+        ``stop`` was set while waiting."""
+        me = _thread_token()
+        owner = self._owner
+        if owner is not None and owner() is me:
             raise GenerationFailedError(
                 f"this thread already has an open stream on this Generator ({self._model_name}); "
                 f"finish or close() it before starting another generation"
@@ -322,9 +347,9 @@ class Generator:
             # An async worker waiting its turn must notice cancellation without getting the lock.
             while not self._lock.acquire(timeout=0.05):
                 if stop.is_set():
-                    return False
-        self._owner = me
-        return True
+                    return None
+        self._owner = weakref.ref(me)
+        return me
 
     def _release(self) -> None:
         self._owner = None
@@ -396,11 +421,39 @@ def _grown_capacity(cache: Any, tokens: int, context: int) -> int | None:
     return capacity if cache is None else min(max(capacity, 2 * cache.capacity), context)
 
 
+class _ThreadToken:
+    """Stands for one live thread: kept only in that thread's ``threading.local``, so it is
+    finalized when the thread exits, which releases a stream the thread left open."""
+
+    __slots__ = ("__weakref__",)
+
+
+_threads = threading.local()
+
+
+def _thread_token() -> _ThreadToken:
+    token = getattr(_threads, "token", None)
+    if token is None:
+        token = _threads.token = _ThreadToken()
+    return token
+
+
+def _close_orphan(stream_ref: weakref.ref[TokenStream]) -> None:
+    """The thread that opened a stream exited without closing it: close it now."""
+    stream = stream_ref()
+    if stream is not None:
+        stream.close()
+
+
 class TokenStream:
     """A running generation: an iterator of ``GeneratedToken`` (or of ``str`` for text streams).
 
-    Holds its Generator from creation until exhausted or closed; ``close()`` (or ``with``) frees
-    it at once. Iterating a closed stream ends it.
+    Holds its Generator from creation until exhausted or closed. It is freed at once by
+    ``close()`` (from any thread), by leaving a ``with`` block or a ``for`` loop over it (``break``,
+    ``return``, an exception: the loop's iterator closes the stream; use ``next(stream)`` to take
+    tokens piecemeal), by garbage collection, and by the exit of the thread that opened it.
+    ``close()`` from another thread while a step runs lets that step finish, then the stream ends
+    (finish reason ``"cancelled"``). Iterating a closed stream ends it.
     """
 
     def __init__(
@@ -411,49 +464,69 @@ class TokenStream:
         *,
         text_only: bool,
         stop: threading.Event | None = None,
+        cancel_epoch: int | None = None,
     ) -> None:
         self._generator = generator
         self._text_only = text_only
+        self._epoch = generator._cancel_epoch if cancel_epoch is None else cancel_epoch
+        self._state = threading.Lock()  # guards the fields below against close() from another thread
         self._held = False
         self._done = False
+        self._running = False  # a step is being computed (by the owning thread)
+        self._stop_requested = False
+        self._orphan_guard: weakref.finalize | None = None
         self._events: Iterator[Any] | None = None
         self.stats: Any = None
         self.prompt_tokens = len(prompt_ids)
         self.config = config
         """The resolved settings this generation runs with."""
         self.finish_reason: str | None = None
-        if not generator._acquire(stop):
+        token = generator._acquire(stop)
+        if token is None:
             self._done = True  # cancelled while waiting for the Generator: an empty stream
             return
         self._held = True
+        self._orphan_guard = weakref.finalize(token, _close_orphan, weakref.ref(self))
         try:
             self._events, self.stats = generator._events(prompt_ids, config)
         except BaseException:
             self.close()
             raise
 
-    def __iter__(self) -> TokenStream:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        """The remaining items; leaving the loop before the end closes the stream."""
+        try:
+            while True:
+                try:
+                    item = self.__next__()
+                except StopIteration:
+                    return
+                yield item
+        finally:
+            self.close()
 
     def __next__(self) -> Any:
         while True:
-            if self._done or self._events is None:
+            with self._state:
+                if self._done or self._events is None:
+                    raise StopIteration
+                cancelled = self._stop_requested or self._generator._cancel_epoch != self._epoch
+                self._running = not cancelled
+                events = self._events
+            if cancelled:
+                self._end_cancelled()
                 raise StopIteration
             try:
-                event = next(self._events)
-            except StopIteration:
-                self.close()
-                raise
-            except KjarniError:
-                self.close()
-                raise
+                event = next(events)
             except BaseException as error:
+                self._step_done()
                 self.close()
-                if isinstance(error, Exception):
-                    raise GenerationFailedError(
-                        f"generation on {self._generator.model_name} failed: {type(error).__name__}: {error}"
-                    ) from error
-                raise
+                if isinstance(error, StopIteration | KjarniError) or not isinstance(error, Exception):
+                    raise
+                raise GenerationFailedError(
+                    f"generation on {self._generator.model_name} failed: {type(error).__name__}: {error}"
+                ) from error
+            self._step_done()
             reason = getattr(event, "finish_reason", None)
             if reason is not None:  # the last event: the stats are complete
                 self.finish_reason = reason
@@ -469,16 +542,38 @@ class TokenStream:
             if event.text:
                 return event.text
 
+    def _step_done(self) -> None:
+        with self._state:
+            self._running = False
+
+    def _end_cancelled(self) -> None:
+        self.finish_reason = "cancelled"
+        if self.stats is not None:
+            self.stats.finish_reason = "cancelled"
+            self._generator.last_stats = self.stats
+        self.close()
+
     def close(self) -> None:
-        """Stop generating and free the Generator (idempotent)."""
-        self._done = True
-        events, self._events = self._events, None
+        """Stop generating and free the Generator (idempotent; any thread).
+
+        Called from another thread while this stream computes a step, it returns at once and the
+        stream ends after that step, freeing the Generator then.
+        """
+        with self._state:
+            if self._running:
+                self._stop_requested = True
+                return
+            self._done = True
+            events, self._events = self._events, None
+            held, self._held = self._held, False
+            guard, self._orphan_guard = self._orphan_guard, None
         try:
             if events is not None and hasattr(events, "close"):
                 events.close()
         finally:
-            if self._held:
-                self._held = False
+            if guard is not None:
+                guard.detach()
+            if held:
                 self._generator._release()
 
     def text(self) -> str:
@@ -533,6 +628,7 @@ def _work(
     text_only: bool,
     loop: asyncio.AbstractEventLoop,
     queue: asyncio.Queue[Any],
+    cancel_epoch: int,
 ) -> None:
     """The worker thread of an ``AsyncTokenStream``: run the blocking stream, hand items to the loop."""
 
@@ -544,7 +640,9 @@ def _work(
 
     stream: TokenStream | None = None
     try:
-        stream = TokenStream(generator, prompt_ids, config, text_only=text_only, stop=worker.stop)
+        stream = TokenStream(
+            generator, prompt_ids, config, text_only=text_only, stop=worker.stop, cancel_epoch=cancel_epoch
+        )
         worker.stats = stream.stats
         for item in stream:
             # Wait for room in the window, watching for cancellation meanwhile.
@@ -580,6 +678,7 @@ class AsyncTokenStream:
         self.config = config
         """The resolved settings this generation runs with."""
         self._worker = _Worker()
+        self._cancel_epoch = generator._cancel_epoch  # Generator.cancel() after this stops it
         self._queue: asyncio.Queue[Any] | None = None
         self._ended = False
 
@@ -590,7 +689,7 @@ class AsyncTokenStream:
 
     @property
     def finish_reason(self) -> str | None:
-        """Why the generation ended (``"eos"``, ``"stop"``, ``"length"``, ``"context"``), once it has."""
+        """Why the generation ended (``"eos"``, ``"stop"``, ``"length"``, ``"context"``, ``"cancelled"``), once it has."""
         return self._worker.finish_reason
 
     def __await__(self):  # noqa: ANN204 - `await gen.astream(p)` gives the stream itself
@@ -625,7 +724,10 @@ class AsyncTokenStream:
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._queue = asyncio.Queue()
-        args = (self._worker, self._generator, self._prompt_ids, self.config, self._text_only, loop, self._queue)
+        args = (
+            self._worker, self._generator, self._prompt_ids, self.config, self._text_only, loop, self._queue,
+            self._cancel_epoch,
+        )
         thread = threading.Thread(target=_work, args=args, name=f"kjarni-generate-{self._generator.model_name}", daemon=True)
         self._worker.thread = thread
         thread.start()
