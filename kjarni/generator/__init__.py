@@ -12,6 +12,7 @@ Every blocking call has an awaitable twin named with an ``a`` prefix (``agenerat
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kjarni.generator.builder import GeneratorBuilder
 from kjarni.generator.config import (
@@ -84,18 +85,19 @@ def _generator_for(model: str) -> Generator:
         return generator
 
 
-def generate(model: str, prompt: str) -> str:
-    """Generate text after ``prompt`` with ``model``'s default settings.
+def generate(model: str, prompt: str, **settings: Any) -> str:
+    """Generate text after ``prompt`` with ``model``'s default settings, or the keyword
+    ``settings`` of ``Generator.generate`` (``max_tokens=``, ``temperature=``, ...) for this call.
 
     The Generator is kept for the next call with the same model; build one yourself
     (``Generator.new``) to control its lifetime or settings.
     """
-    return _generator_for(model).generate(prompt)
+    return _generator_for(model).generate(prompt, **settings)
 
 
-async def agenerate(model: str, prompt: str) -> str:
+async def agenerate(model: str, prompt: str, **settings: Any) -> str:
     """``generate`` for asyncio (loading and generation run in worker threads)."""
     import asyncio
 
     generator = await asyncio.to_thread(_generator_for, model)
-    return await generator.agenerate(prompt)
+    return await generator.agenerate(prompt, **settings)

@@ -11,10 +11,12 @@ result, with every field set and validated.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from kjarni.errors import InvalidConfigurationError
 
@@ -149,7 +151,8 @@ class GenerationOverrides:
 
     ``temperature=0`` means greedy (argmax). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
     those filters off; ``repetition_penalty=1`` is no penalty. ``stop`` strings end the text
-    before the first occurrence of any of them.
+    before the first occurrence of any of them. Any integral (``numpy.int64(3)``) is accepted
+    where an int is expected and any real number where a float is.
     """
 
     max_tokens: int | None = None
@@ -164,6 +167,8 @@ class GenerationOverrides:
     def __post_init__(self) -> None:
         if self.stop is not None:
             object.__setattr__(self, "stop", normalize_stop(self.stop))
+        for name in _INT_FIELDS + _FLOAT_FIELDS:
+            object.__setattr__(self, name, _plain_number(getattr(self, name), integral=name in _INT_FIELDS))
         # Checked here so a bad value is reported where it was written, before any work.
         validate_overrides(self)
 
@@ -176,6 +181,53 @@ class GenerationOverrides:
 
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+
+
+_INT_FIELDS = ("max_tokens", "top_k", "seed")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty")
+SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GenerationOverrides))
+"""The per-call keyword arguments of ``generate``, ``stream``, ``stream_text`` and their twins."""
+
+
+def _plain_number(value: object, *, integral: bool) -> object:
+    """numpy scalars (and other ``numbers`` types) as plain int / float; anything else unchanged,
+    for validation to refuse with its message."""
+    if value is None or isinstance(value, bool):
+        return value
+    if integral and isinstance(value, numbers.Integral):
+        return int(value)
+    if not integral and isinstance(value, numbers.Real) and type(value) is not float:
+        return float(value)
+    return value
+
+
+def call_overrides(runtime_overrides: GenerationOverrides | None, settings: Mapping[str, Any]) -> GenerationOverrides | None:
+    """The per-call layer: ``runtime_overrides`` or keyword ``settings`` (llama-cpp-python's and
+    mlx-lm's names: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``seed``, ``stop``), never both.
+
+    ``None`` values in ``settings`` are left to the layers below. Raises
+    ``InvalidConfigurationError`` for an unknown name (suggesting the close one), for both forms
+    at once, or for a value out of range.
+    """
+    if runtime_overrides is not None and not isinstance(runtime_overrides, GenerationOverrides):
+        raise InvalidConfigurationError(
+            f"runtime_overrides must be a GenerationOverrides, got {type(runtime_overrides).__name__}"
+        )
+    unknown = [name for name in settings if name not in SETTING_NAMES]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], SETTING_NAMES, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InvalidConfigurationError(
+            f"unknown generation setting {unknown[0]!r}{hint}; the settings are: {', '.join(SETTING_NAMES)}"
+        )
+    given = {name: value for name, value in settings.items() if value is not None}
+    if runtime_overrides is not None and given:
+        raise InvalidConfigurationError(
+            f"pass generation settings either as a GenerationOverrides or as keyword arguments "
+            f"({', '.join(given)}), not both: put them all in one"
+        )
+    return GenerationOverrides(**given) if given else runtime_overrides
 
 
 def normalize_stop(stop: str | Iterable[str]) -> tuple[str, ...]:

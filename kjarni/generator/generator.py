@@ -17,7 +17,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from kjarni.errors import (
     ContextOverflowError,
@@ -25,7 +25,13 @@ from kjarni.errors import (
     InvalidConfigurationError,
     KjarniError,
 )
-from kjarni.generator.config import GenerationOverrides, KjarniDevice, LoadConfig, ResolvedGenerationConfig
+from kjarni.generator.config import (
+    GenerationOverrides,
+    KjarniDevice,
+    LoadConfig,
+    ResolvedGenerationConfig,
+    call_overrides,
+)
 
 if TYPE_CHECKING:
     from kjarni.generator.builder import GeneratorBuilder
@@ -243,75 +249,98 @@ class Generator:
         )
 
     # ------------------------------------------------------------ blocking API
+    #
+    # Every call takes the per-call settings either as a GenerationOverrides (the *_with_config
+    # forms) or as keyword arguments (``generate(prompt, max_tokens=64, temperature=0)``), as in
+    # llama-cpp-python and mlx-lm; ``config.call_overrides`` turns them into one layer.
 
-    def generate(self, prompt: str) -> str:
-        """The text generated after ``prompt`` with the resolved settings."""
-        return self.generate_with_config(prompt, None)
+    def generate(self, prompt: str, **settings: Any) -> str:
+        """The text generated after ``prompt``.
 
-    def generate_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> str:
-        """``generate`` with ``runtime_overrides`` applied for this call only."""
-        return "".join(self.stream_text_with_config(prompt, runtime_overrides))
+        Keyword ``settings`` apply to this call only: ``max_tokens``, ``temperature``, ``top_p``,
+        ``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop`` (``None`` leaves one to
+        the builder's settings).
+        """
+        return self.generate_with_config(prompt, None, **settings)
 
-    def stream(self, prompt: str) -> TokenStream:
-        """An iterator of ``GeneratedToken``; holds this Generator until exhausted or closed."""
-        return self.stream_with_config(prompt, None)
+    def generate_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> str:
+        """``generate`` with ``runtime_overrides`` (or keyword ``settings``, not both) for this call only."""
+        return "".join(self.stream_text_with_config(prompt, runtime_overrides, **settings))
 
-    def stream_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> TokenStream:
-        """``stream`` with ``runtime_overrides`` applied for this call only."""
-        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+    def stream(self, prompt: str, **settings: Any) -> TokenStream:
+        """An iterator of ``GeneratedToken``; holds this Generator until exhausted or closed.
+
+        Takes the keyword ``settings`` of ``generate``.
+        """
+        return self.stream_with_config(prompt, None, **settings)
+
+    def stream_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> TokenStream:
+        """``stream`` with ``runtime_overrides`` (or keyword ``settings``, not both) for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides, settings)
         return TokenStream(self, prompt_ids, config, text_only=False)
 
-    def stream_text(self, prompt: str) -> TokenStream:
-        """An iterator of text pieces whose concatenation is ``generate``'s result."""
-        return self.stream_text_with_config(prompt, None)
+    def stream_text(self, prompt: str, **settings: Any) -> TokenStream:
+        """An iterator of text pieces whose concatenation is ``generate``'s result (same keyword ``settings``)."""
+        return self.stream_text_with_config(prompt, None, **settings)
 
-    def stream_text_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> TokenStream:
-        """``stream_text`` with ``runtime_overrides`` applied for this call only."""
-        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+    def stream_text_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> TokenStream:
+        """``stream_text`` with ``runtime_overrides`` (or keyword ``settings``, not both) for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides, settings)
         return TokenStream(self, prompt_ids, config, text_only=True)
 
     # ------------------------------------------------------------ awaitable twins
 
-    async def agenerate(self, prompt: str) -> str:
+    async def agenerate(self, prompt: str, **settings: Any) -> str:
         """``generate`` for asyncio: runs in a worker thread; cancelling stops it between tokens."""
-        return await self.agenerate_with_config(prompt, None)
+        return await self.agenerate_with_config(prompt, None, **settings)
 
-    async def agenerate_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> str:
+    async def agenerate_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> str:
         """``generate_with_config`` for asyncio."""
         pieces = []
-        async with self.astream_text_with_config(prompt, runtime_overrides) as stream:
+        async with self.astream_text_with_config(prompt, runtime_overrides, **settings) as stream:
             async for piece in stream:
                 pieces.append(piece)
         return "".join(pieces)
 
-    def astream(self, prompt: str) -> AsyncTokenStream:
+    def astream(self, prompt: str, **settings: Any) -> AsyncTokenStream:
         """An async iterator of ``GeneratedToken`` (``async for``; ``await`` also gives it back)."""
-        return self.astream_with_config(prompt, None)
+        return self.astream_with_config(prompt, None, **settings)
 
-    def astream_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> AsyncTokenStream:
-        """``astream`` with ``runtime_overrides`` applied for this call only."""
-        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+    def astream_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> AsyncTokenStream:
+        """``astream`` with ``runtime_overrides`` (or keyword ``settings``, not both) for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides, settings)
         return AsyncTokenStream(self, prompt_ids, config, text_only=False)
 
-    def astream_text(self, prompt: str) -> AsyncTokenStream:
+    def astream_text(self, prompt: str, **settings: Any) -> AsyncTokenStream:
         """An async iterator of text pieces."""
-        return self.astream_text_with_config(prompt, None)
+        return self.astream_text_with_config(prompt, None, **settings)
 
-    def astream_text_with_config(self, prompt: str, runtime_overrides: GenerationOverrides | None) -> AsyncTokenStream:
-        """``astream_text`` with ``runtime_overrides`` applied for this call only."""
-        prompt_ids, config = self._prepare(prompt, runtime_overrides)
+    def astream_text_with_config(
+        self, prompt: str, runtime_overrides: GenerationOverrides | None, **settings: Any
+    ) -> AsyncTokenStream:
+        """``astream_text`` with ``runtime_overrides`` (or keyword ``settings``, not both) for this call only."""
+        prompt_ids, config = self._prepare(prompt, runtime_overrides, settings)
         return AsyncTokenStream(self, prompt_ids, config, text_only=True)
 
     # ------------------------------------------------------------ internals
 
-    def _prepare(self, prompt: str, overrides: GenerationOverrides | None) -> tuple[list[int], ResolvedGenerationConfig]:
+    def _prepare(
+        self, prompt: str, overrides: GenerationOverrides | None, settings: Mapping[str, Any] | None = None
+    ) -> tuple[list[int], ResolvedGenerationConfig]:
         """Validate settings and tokenize the prompt: every error before any model work."""
         if not isinstance(prompt, str):
             raise InvalidConfigurationError(f"prompt must be a str, got {type(prompt).__name__}")
-        if overrides is not None and not isinstance(overrides, GenerationOverrides):
-            raise InvalidConfigurationError(
-                f"runtime_overrides must be a GenerationOverrides, got {type(overrides).__name__}"
-            )
+        overrides = call_overrides(overrides, settings or {})
         config = self._config.with_overrides(overrides)
         tokenizer = self._loaded.tokenizer
         prompt_ids = list(tokenizer.encode(prompt))
