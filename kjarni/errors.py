@@ -35,6 +35,22 @@ class GenerationFailedError(KjarniError):
     """Generation could not run or stopped on an internal failure."""
 
 
+class NonFiniteLogitsError(GenerationFailedError):
+    """The model produced NaN or infinite logits; ``step`` names where (the prefill, a decode step).
+
+    NaN or inf weights, or hidden states that overflow float32, end up here rather than as a
+    token chosen from garbage (greedy argmax of NaN logits would pick token 0, often end-of-text).
+    """
+
+    def __init__(self, message: str, *, step: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class HostOutOfMemoryError(LoadFailedError):
+    """The machine's own memory (RAM, not the GPU's) ran out while loading a model."""
+
+
 class InvalidModelError(KjarniError):
     """The model is of a kind kjarni cannot run (not a decoder, unsupported architecture or tensor type)."""
 

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from kjarni.detokenizer import StopStrings, StreamingDetokenizer
-from kjarni.errors import ContextOverflowError, InvalidConfigurationError
+from kjarni.errors import ContextOverflowError, InvalidConfigurationError, NonFiniteLogitsError
 from kjarni.ops import Activation, KVCache
 from kjarni.prefix_cache import PrefixCache
 from kjarni.sampling import Sampler, make_sampler, validate_sampling
@@ -137,6 +137,25 @@ def decode_one_token(model, kv_cache: KVCache, token_id: int) -> Activation:
     return model.forward(np.asarray([token_id], dtype=np.int32), kv_cache, logits="last")
 
 
+def checked_ids(model, ids: np.ndarray, step: str) -> np.ndarray:
+    """``ids`` from ``argmax`` / ``top_k`` / ``read_tokens``; a ``-1`` (a row of NaN or inf logits,
+    ops.py) raises ``NonFiniteLogitsError`` naming ``step`` ("the prefill of 5 tokens", "decode step 3")."""
+    ids = np.asarray(ids)
+    if ids.size and ids.min() < 0:
+        raise _non_finite(model, step)
+    return ids
+
+
+def _non_finite(model, step: str) -> NonFiniteLogitsError:
+    source = getattr(getattr(model, "config", None), "source", "the model")
+    return NonFiniteLogitsError(
+        f"the model produced NaN or infinite logits at {step}: the weights of {source} hold NaN/inf or its "
+        "hidden states overflowed float32; nothing was generated from them. Check the file (re-download or "
+        "re-convert it); `kjarni parity` compares the CPU and GPU backends",
+        step=step,
+    )
+
+
 def choose_token(
     model,
     logits: Activation,
@@ -145,18 +164,30 @@ def choose_token(
     rng: np.random.Generator,
     *,
     logprobs: bool = False,
+    step: str = "a decode step",
 ) -> tuple[int, float | None]:
-    """Pick the next token from a logits activation, reading as little of it as the sampler allows."""
+    """Pick the next token from a logits activation, reading as little of it as the sampler allows.
+
+    NaN or inf logits raise ``NonFiniteLogitsError`` naming ``step``, on every path.
+    """
     ops = model.ops
     fast = not (sampler.needs_full_logits or logprobs)
     if fast and sampler.greedy:
-        return int(ops.argmax(logits)[0]), None
+        return int(checked_ids(model, ops.argmax(logits), step)[0]), None
     if fast and sampler.candidate_count <= MAX_CANDIDATES:
         values, ids = ops.top_k(logits, sampler.candidate_count)
-        token = sampler.sample_candidates(values[0], ids[0], rng)
+        token = sampler.sample_candidates(values[0], checked_ids(model, ids, step)[0], rng)
         if token is not None:  # None: a tie at the top-k boundary, decided on the full logits
             return token, None
-    return sampler.sample(ops.read(logits)[0], history, rng)
+    row = ops.read(logits)[0]
+    if not np.isfinite(row).all():
+        raise _non_finite(model, step)
+    return sampler.sample(row, history, rng)
+
+
+def step_name(index: int, prompt_tokens: int) -> str:
+    """The forward that produced token ``index`` of a generation: the prefill, then decode steps."""
+    return f"the prefill (a prompt of {prompt_tokens} tokens)" if index == 0 else f"decode step {index}"
 
 
 def generate_step(
@@ -191,7 +222,8 @@ def generate_step(
         yield from _greedy_ahead(model, kv_cache, logits, len(prompt), max_tokens)
         return
     while True:
-        token, logprob = choose_token(model, logits, sampler, history, rng, logprobs=logprobs)
+        step = step_name(len(history) - len(prompt), len(prompt))
+        token, logprob = choose_token(model, logits, sampler, history, rng, logprobs=logprobs, step=step)
         history.append(token)
         yield token, logprob
         logits = decode_one_token(model, kv_cache, token)
@@ -222,8 +254,9 @@ def _greedy_ahead(
                 pending.append(last)
                 chosen += 1
             for ids in ops.read_tokens(pending):
+                token = int(checked_ids(model, ids, step_name(produced, prompt_length))[0])
                 produced += 1
-                yield int(ids[0]), None
+                yield token, None
             pending, burst = [], min(2 * burst, ops.decode_ahead)
     finally:
         # The step-by-step loop has fed every token but the last one it yielded.

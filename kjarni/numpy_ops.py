@@ -170,15 +170,23 @@ class NumpyOps:
         return np.asarray(x, dtype=np.float32)
 
     def argmax(self, x: np.ndarray) -> np.ndarray:
-        return np.argmax(x, axis=-1).astype(np.int64)
+        ids = np.argmax(x, axis=-1).astype(np.int64)
+        ids[_non_finite_rows(x)] = -1  # the contract's flag for NaN / inf logits (ops.py)
+        return ids
 
     def top_k(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, x.shape[-1])
         part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
         values = np.take_along_axis(x, part, axis=-1)
         order = np.lexsort((part, -values), axis=-1)
-        ids = np.take_along_axis(part, order, axis=-1)
-        return np.take_along_axis(x, ids, axis=-1), ids.astype(np.int64)
+        ids = np.take_along_axis(part, order, axis=-1).astype(np.int64)
+        ids[_non_finite_rows(x)] = -1
+        return np.take_along_axis(x, np.maximum(ids, 0), axis=-1), ids
+
+
+def _non_finite_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` holding a NaN or an inf: one ``isfinite`` pass over what argmax reads anyway."""
+    return ~np.isfinite(x).all(axis=-1)
 
 
 _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))

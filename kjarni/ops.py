@@ -27,6 +27,16 @@ A backend with ``decode_ahead > 1`` (the GPU) also lets greedy decoding run ahea
 ``argmax_ahead`` leaves the chosen ids on the device as `DeviceTokens`, which ``embed`` (and so a
 model forward) accepts in place of ids, and ``read_tokens`` reads a batch of them back at once.
 
+Non-finite logits (NaN, +inf or -inf anywhere in a row) are flagged by the reductions a decode
+loop already runs, never by an extra pass: ``argmax`` returns ``-1`` for such a row, ``top_k``
+returns ``-1`` as every id of such a row (its values are then unspecified), and the ids
+``read_tokens`` gives back for an ``argmax_ahead`` handle follow ``argmax``. Backends do not raise
+for it; the loop (generate.py, ``checked_token``) turns a ``-1`` into ``NonFiniteLogitsError``
+naming the step (the prefill or decode step n). A GPU kernel folds the check into its reduction
+(e.g. a per-row flag set when ``x != x`` or ``abs(x) == inf``, written as ``-1`` with the result). A
+``DeviceTokens`` row holding ``-1`` may still be fed to ``embed`` before it is read back (a run-ahead
+step): the backend must not fault on it (any row, or zeros, will do: the loop discards that work).
+
 Conventions every backend follows:
 - Weight matrices are ``[out_features, in_features]`` (Hugging Face layout); ``linear`` computes
   ``x @ W.T (+ bias) (+ residual)``.
@@ -188,11 +198,15 @@ class Ops(Protocol):
         ...
 
     def argmax(self, x: Activation) -> np.ndarray:
-        """Index of the largest value of each row, int64 ``[tokens]``; the lowest index wins ties."""
+        """Index of the largest value of each row, int64 ``[tokens]``; the lowest index wins ties.
+
+        ``-1`` for a row holding any NaN or inf (see "Non-finite logits" above)."""
         ...
 
     def top_k(self, x: Activation, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` largest values of each row and their indices, sorted descending."""
+        """The ``k`` largest values of each row and their indices, sorted descending.
+
+        Every id of a row holding any NaN or inf is ``-1`` (see "Non-finite logits" above)."""
         ...
 
     # Only where decode_ahead > 1:
@@ -202,5 +216,5 @@ class Ops(Protocol):
         ...
 
     def read_tokens(self, handles: Sequence[DeviceTokens]) -> list[np.ndarray]:
-        """The ids of each handle (int64 ``[tokens]``), in one readback."""
+        """The ids of each handle (int64 ``[tokens]``), in one readback; ``-1`` as `argmax` gives it."""
         ...

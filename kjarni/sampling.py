@@ -41,6 +41,11 @@ from kjarni.errors import GenerationFailedError, InvalidConfigurationError
 
 # ---------------------------------------------------------------- validation
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest temperature above 0 accepted (vLLM's threshold too). Logits are divided by it in
+float32: ``1e-50`` is 0 in float32 and would turn every logit into inf or NaN after the prefill, so
+anything in ``(0, MIN_TEMPERATURE)`` is refused up front; 0 asks for greedy decoding."""
+
 
 def validate_sampling(
     temperature: float,
@@ -52,11 +57,12 @@ def validate_sampling(
 ) -> None:
     """Raise ``InvalidConfigurationError`` naming the first value outside its valid range.
 
-    Valid: temperature >= 0 (0 is greedy), top_k >= 0 (0 disables), 0 < top_p <= 1 (1 disables),
+    Valid: temperature 0 (greedy) or >= ``MIN_TEMPERATURE``, top_k >= 0 (0 disables), 0 < top_p <= 1 (1 disables),
     0 <= min_p <= 1 (0 disables), repetition_penalty > 0 (1 disables), max_tokens >= 1.
     """
     checks = (
-        ("temperature", temperature, _finite(temperature) and temperature >= 0, ">= 0 (0 means greedy)"),
+        ("temperature", temperature, _finite(temperature) and (temperature == 0 or temperature >= MIN_TEMPERATURE),
+         f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)"),
         ("top_k", top_k, _is_int(top_k) and top_k >= 0, "an integer >= 0 (0 disables top-k)"),
         ("top_p", top_p, _finite(top_p) and 0 < top_p <= 1, "in (0, 1] (1.0 disables top-p)"),
         ("min_p", min_p, _finite(min_p) and 0 <= min_p <= 1, "in [0, 1] (0 disables min-p)"),

@@ -107,14 +107,14 @@ def speculative_step(
     yielded. Between rounds, the target's cache holds every token but the last one yielded and
     the draft's cache at most as many.
     """
-    from kjarni.generate import choose_token, prefill  # generate.py imports this module lazily
+    from kjarni.generate import choose_token, prefill, step_name  # generate.py imports this module lazily
 
     seq = [int(t) for t in prompt_ids]
     for cache in (target_cache, draft_cache):
         if cache.offset >= len(seq):
             cache.trim(cache.offset - len(seq) + 1)
     logits = prefill(target, target_cache, seq[target_cache.offset :])
-    token, logprob = choose_token(target, logits, sampler, seq, rng, logprobs=logprobs)
+    token, logprob = choose_token(target, logits, sampler, seq, rng, logprobs=logprobs, step=step_name(0, len(seq)))
     seq.append(token)
     emitted = 1
     yield token, logprob
@@ -146,7 +146,7 @@ def _propose(
     draft, draft_cache: KVCache, seq: list[int], k: int, sampler: Sampler, rng: np.random.Generator
 ) -> tuple[list[int], list[np.ndarray]]:
     """k draft tokens and, when sampling, the distribution each was drawn from."""
-    from kjarni.generate import choose_token
+    from kjarni.generate import checked_ids, choose_token
 
     # Catch up on what the draft has not seen: the last token, plus the previous round's last
     # proposal or resampled token when the target accepted everything.
@@ -157,13 +157,13 @@ def _propose(
         handles = [ops.argmax_ahead(logits)]
         for _ in range(k - 1):
             handles.append(ops.argmax_ahead(draft.forward(handles[-1], draft_cache, logits="last")))
-        return [int(ids[0]) for ids in ops.read_tokens(handles)], []
+        return [int(checked_ids(draft, ids, "a draft step")[0]) for ids in ops.read_tokens(handles)], []
     drafts: list[int] = []
     probs: list[np.ndarray] = []
     for i in range(k):
         history = seq + drafts
         if sampler.greedy:
-            token, _ = choose_token(draft, logits, sampler, history, rng)
+            token, _ = choose_token(draft, logits, sampler, history, rng, step="a draft step")
         else:
             q = sampler.distribution(draft.ops.read(logits)[0], history)
             token = _draw(q, rng)
@@ -185,9 +185,11 @@ def _verify(
     logprobs: bool,
 ) -> tuple[int, list[tuple[int, float | None]]]:
     """How many drafts the target accepts, and the tokens (with logprobs) the round emits."""
+    from kjarni.generate import checked_ids
+
     ops, k = target.ops, len(drafts)
     if sampler.greedy and not (sampler.needs_full_logits or logprobs):
-        choices = [int(t) for t in ops.argmax(logits)]
+        choices = [int(t) for t in checked_ids(target, ops.argmax(logits), "a speculative verify step")]
         accepted = next((i for i in range(k) if drafts[i] != choices[i]), k)
         return accepted, [(t, None) for t in drafts[:accepted] + [choices[accepted]]]
 

@@ -30,7 +30,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from kjarni.errors import InvalidModelError, LoadFailedError
+from kjarni.errors import InvalidConfigurationError, InvalidModelError, KjarniError, LoadFailedError
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_TYPE_NORMAL = 1
@@ -176,11 +176,13 @@ class Tokenizer:
         for char in _BYTE_OF_CHAR:
             if char not in vocab:
                 vocab[char] = len(vocab)
+        _check_merges(merges, vocab, path)
         try:
             bpe = models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES)
-        except Exception as exc:  # tokenizers raises plain Exception for inconsistent merges
+        except BaseException as exc:  # plain Exception for inconsistent merges, or a Rust panic
+            _reraise_unless_tokenizers(exc)
             raise LoadFailedError(f"{path}: the GGUF vocabulary and merges disagree ({exc}); the "
-                                  "file is corrupt. Re-download it.") from exc
+                                  "file is corrupt. Re-download it.") from None
         hf = HFTokenizer(bpe)
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZER_REGEXES[pre]]
@@ -211,8 +213,10 @@ class Tokenizer:
         try:
             hf = HFTokenizer.from_file(str(tokenizer_json))
             spec = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-        except Exception as exc:
-            raise LoadFailedError(f"{tokenizer_json}: cannot be read ({exc}). Re-download it.") from exc
+        except BaseException as exc:  # any Exception, or tokenizers' Rust panic
+            _reraise_unless_tokenizers(exc)
+            raise LoadFailedError(f"{tokenizer_json}: cannot be read ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}). Re-download it.") from None
         config = _read_json(folder / "tokenizer_config.json")
         special_map = _read_json(folder / "special_tokens_map.json")
         generation = _read_json(folder / "generation_config.json")
@@ -250,8 +254,21 @@ class Tokenizer:
         """Token ids of ``text``; ``add_bos=None`` follows the model's own rule (``self.add_bos``).
 
         Special-token texts in ``text`` become their single ids (llama.cpp's ``parse_special``);
-        with ``parse_special=False`` control tokens are tokenized as plain text.
+        with ``parse_special=False`` control tokens are tokenized as plain text. Text that is not
+        valid Unicode (a lone surrogate such as ``"\\ud800"``) raises ``InvalidConfigurationError``
+        naming its position; a failure inside tokenizers raises ``LoadFailedError``, never a
+        Rust panic.
         """
+        _check_text(text)
+        try:
+            return self._encode(text, add_bos, parse_special)
+        except BaseException as exc:
+            _reraise_unless_tokenizers(exc)
+            raise LoadFailedError(f"tokenizers failed encoding a text of {len(text)} characters "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                                  "the model's vocabulary is corrupt. Re-download the model.") from None
+
+    def _encode(self, text: str, add_bos: bool | None, parse_special: bool) -> list[int]:
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos) and self.bos_token_id is not None:
             ids.append(self.bos_token_id)
@@ -328,6 +345,38 @@ class Tokenizer:
 
 
 # ---------------------------------------------------------------------- helpers
+def _check_text(text: Any) -> None:
+    """Refuse what tokenizers cannot take: a non-str, or a str that is not valid Unicode."""
+    if not isinstance(text, str):
+        raise InvalidConfigurationError(f"the text to encode must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidConfigurationError(
+            f"the text has a lone surrogate {text[exc.start]!r} at character {exc.start} (of {len(text)}), "
+            "which is not valid Unicode; remove it, or decode the bytes it came from with errors='replace'"
+        ) from None
+
+
+def _reraise_unless_tokenizers(exc: BaseException) -> None:
+    """Let kjarni's own errors and interrupts through; what is left is a tokenizers failure.
+
+    tokenizers' Rust panics surface as ``pyo3_runtime.PanicException``, which derives from
+    BaseException (not Exception) and so escapes ``except Exception``.
+    """
+    if isinstance(exc, KjarniError) or not (isinstance(exc, Exception) or type(exc).__name__ == "PanicException"):
+        raise exc
+
+
+def _check_merges(merges: list[tuple[str, ...]], vocab: dict[str, int], path: Path) -> None:
+    """Every merge names two tokens of the vocabulary and makes a third: tokenizers panics otherwise."""
+    for i, merge in enumerate(merges):
+        if len(merge) != 2 or merge[0] not in vocab or merge[1] not in vocab or merge[0] + merge[1] not in vocab:
+            raise LoadFailedError(
+                f"{path}: GGUF merge {i} ({' '.join(merge)!r}) does not join two tokens of the vocabulary "
+                "into a third; the tokenizer metadata is corrupt. Re-download or re-convert the file.")
+
+
 def _token_id(value: Any, vocab_size: int) -> int | None:
     return int(value) if value is not None and 0 <= int(value) < vocab_size else None
 

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from kjarni import registry, sources
-from kjarni.errors import GpuUnavailableError, InvalidConfigurationError, KjarniError, LoadFailedError
+from kjarni.errors import (
+    GpuUnavailableError,
+    HostOutOfMemoryError,
+    InvalidConfigurationError,
+    KjarniError,
+    LoadFailedError,
+)
 from kjarni.generator.config import (
     KJARNI_DEFAULTS,
     GenerationOverrides,
@@ -379,7 +385,13 @@ class GeneratorBuilder:
             )
         except KjarniError:
             raise
-        except MemoryError as error:  # wgpu's GPUOutOfMemoryError is one
+        except MemoryError as error:  # wgpu's GPUOutOfMemoryError is one; a plain one is the host's RAM
+            if type(error).__name__ != "GPUOutOfMemoryError":
+                raise HostOutOfMemoryError(
+                    f"the machine's memory (RAM, not GPU memory) ran out loading {source.name} on the "
+                    f"{device.value}: {error or 'MemoryError'}; close other programs, use a smaller or more "
+                    "quantized model (a Q4 GGUF), or a machine with more RAM"
+                ) from error
             where = f" (estimated {estimates[0].describe()})" if estimates else ""
             raise GpuUnavailableError(
                 f"the GPU ran out of memory loading {source.name}{where}: {error}; try "

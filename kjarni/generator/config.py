@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from kjarni.errors import InvalidConfigurationError
+from kjarni.sampling import MIN_TEMPERATURE
 
 
 class KjarniDevice(enum.Enum):
@@ -149,7 +150,8 @@ class LoadConfigBuilder:
 class GenerationOverrides:
     """One layer of generation settings; ``None`` leaves a field to the layers below.
 
-    ``temperature=0`` means greedy (argmax). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
+    ``temperature=0`` means greedy (argmax); a temperature above 0 must be at least
+    ``kjarni.sampling.MIN_TEMPERATURE`` (1e-5). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
     those filters off; ``repetition_penalty=1`` is no penalty. ``stop`` strings end the text
     before the first occurrence of any of them. Any integral (``numpy.int64(3)``) is accepted
     where an int is expected and any real number where a float is.
@@ -313,8 +315,8 @@ def _check(*, max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, 
 
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise bad("max_tokens", max_tokens, "an integer >= 1")
-    if temperature is not None and (not _is_number(temperature) or temperature < 0):
-        raise bad("temperature", temperature, ">= 0 (0 means greedy)")
+    if temperature is not None and (not _is_number(temperature) or not (temperature == 0 or temperature >= MIN_TEMPERATURE)):
+        raise bad("temperature", temperature, f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)")
     if top_k is not None and (not _is_int(top_k) or top_k < 0):
         raise bad("top_k", top_k, "an integer >= 0 (0 means off)")
     if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
