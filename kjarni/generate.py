@@ -16,6 +16,7 @@ Where the sampler allows (greedy or top-k without a penalty) the loop asks the b
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import Iterator, Sequence
 
@@ -23,9 +24,9 @@ import numpy as np
 
 from kjarni.detokenizer import StopStrings, StreamingDetokenizer
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError, NonFiniteLogitsError
-from kjarni.ops import Activation, KVCache
+from kjarni.ops import UNDECIDED, Activation, KVCache
 from kjarni.prefix_cache import PrefixCache
-from kjarni.sampling import Sampler, make_sampler, validate_sampling
+from kjarni.sampling import FixedDraw, Sampler, make_sampler, validate_sampling
 from kjarni.speculative import DEFAULT_DRAFT_TOKENS, speculative_step, validate_draft_tokens
 
 MAX_CANDIDATES = 1024
@@ -208,8 +209,9 @@ def generate_step(
     next one is asked for: stopping costs no wasted forward. Raises ``ContextOverflowError`` from
     the model once the cache is full.
 
-    Greedy decoding on a backend with ``decode_ahead > 1`` runs ahead instead (`_greedy_ahead`):
-    up to ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string)
+    Greedy decoding on a backend with ``decode_ahead > 1``, and sampling where the backend can
+    draw on its device (``samples_ahead``), run ahead instead (`_decode_ahead`): up to
+    ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string)
     leaves up to ``decode_ahead - 1`` steps computed for nothing, and the cache is then trimmed
     back to what the step-by-step loop would have fed.
     """
@@ -218,8 +220,8 @@ def generate_step(
         kv_cache.trim(kv_cache.offset - len(prompt) + 1)
     history = list(prompt)
     logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
-    if getattr(model.ops, "decode_ahead", 1) > 1 and sampler.greedy and not (sampler.needs_full_logits or logprobs):
-        yield from _greedy_ahead(model, kv_cache, logits, len(prompt), max_tokens)
+    if _runs_ahead(model.ops, sampler, logprobs):
+        yield from _decode_ahead(model, kv_cache, logits, prompt, sampler, rng, max_tokens)
         return
     while True:
         step = step_name(len(history) - len(prompt), len(prompt))
@@ -229,18 +231,44 @@ def generate_step(
         logits = decode_one_token(model, kv_cache, token)
 
 
-def _greedy_ahead(
-    model, kv_cache: KVCache, logits: Activation, prompt_length: int, max_tokens: int | None
+def _runs_ahead(ops, sampler: Sampler, logprobs: bool) -> bool:
+    """Whether the backend chooses tokens on its device: greedy without a penalty, or a sampler
+    its ``samples_ahead`` accepts (the GPU: top-k, no penalty); never with logprobs."""
+    if getattr(ops, "decode_ahead", 1) <= 1 or logprobs:
+        return False
+    if sampler.greedy:
+        return not sampler.needs_full_logits
+    return getattr(ops, "samples_ahead", lambda _: False)(sampler)
+
+
+def _decode_ahead(
+    model, kv_cache: KVCache, logits: Activation, prompt: list[int], sampler: Sampler,
+    rng: np.random.Generator, max_tokens: int | None,
 ) -> Iterator[tuple[int, None]]:
-    """Greedy tokens with the choice left on the device: each step embeds the previous step's
-    argmax (`DeviceTokens`) and is submitted at once, so the CPU records step n + 1 while the GPU
-    runs step n, and ids are read back once per burst. Bursts grow 1, 2, 4 .. ``ops.decode_ahead``
-    (the first token comes as soon as the prefill ends). Steps past ``max_tokens`` or the cache
-    are not run ahead; a consumer asking beyond them gets them one at a time (and the model's
-    ``ContextOverflowError`` at the end of the cache)."""
+    """Tokens with the choice left on the device: each step embeds the previous step's choice
+    (`DeviceTokens`: ``argmax_ahead`` when greedy, else ``sample_ahead`` with the step's
+    ``rng.random()``, drawn in the order the step-by-step loop draws) and is submitted at once, so
+    the CPU records step n + 1 while the GPU runs step n, and ids are read back once per burst.
+    Bursts grow 1, 2, 4 .. ``ops.decode_ahead`` (the first token comes as soon as the prefill
+    ends). Steps past ``max_tokens`` or the cache are not run ahead; a consumer asking beyond
+    them gets them one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
+
+    A draw the device leaves undecided (a tie at the top-k boundary) is made on the CPU from that
+    step's logits with the same uniform; the steps run past it are dropped and their uniforms
+    reused, so tokens and draws are the step-by-step loop's. Uniforms drawn for steps a consumer
+    never asks for are lost: ``rng`` ends up to ``decode_ahead - 1`` draws further on."""
     ops = model.ops
-    last = ops.argmax_ahead(logits)
-    pending, chosen, produced, burst = [last], 1, 0, 1
+    history = list(prompt)
+    spare: deque[float] = deque()  # uniforms of dropped steps, for the steps that replace them
+
+    def choose(step_logits: Activation) -> tuple:  # (handle, logits kept for a CPU draw, uniform)
+        if sampler.greedy:
+            return ops.argmax_ahead(step_logits), None, None
+        draw = spare.popleft() if spare else float(rng.random())
+        return ops.sample_ahead(step_logits, sampler, draw), step_logits, draw
+
+    pending = [choose(logits)]
+    last, chosen, produced, burst = pending[0][0], 1, 0, 1
     try:
         while True:
             # Run ahead while the burst has room and the step is sure to be wanted; a consumer
@@ -250,17 +278,29 @@ def _greedy_ahead(
                 and (max_tokens is None or chosen < max_tokens)
                 and kv_cache.offset < kv_cache.capacity
             ):
-                last = ops.argmax_ahead(model.forward(last, kv_cache))
-                pending.append(last)
+                pending.append(choose(model.forward(last, kv_cache)))
+                last = pending[-1][0]
                 chosen += 1
-            for ids in ops.read_tokens(pending):
-                token = int(checked_ids(model, ids, step_name(produced, prompt_length))[0])
+            for i, ids in enumerate(ops.read_tokens([handle for handle, _, _ in pending])):
+                token = int(ids[0])
+                undecided = token == UNDECIDED
+                if undecided:
+                    _, step_logits, draw = pending[i]
+                    token, _ = sampler.sample(ops.read(step_logits)[0], history, FixedDraw(draw))
+                    spare.extendleft(reversed([d for _, _, d in pending[i + 1 :]]))
+                    kv_cache.trim(kv_cache.offset - (len(prompt) + produced))  # what fed this step
+                    last, chosen = [token], produced + 1
+                else:
+                    checked_ids(model, ids, step_name(produced, len(prompt)))
+                history.append(token)
                 produced += 1
                 yield token, None
+                if undecided:
+                    break
             pending, burst = [], min(2 * burst, ops.decode_ahead)
     finally:
         # The step-by-step loop has fed every token but the last one it yielded.
-        kv_cache.trim(kv_cache.offset - (prompt_length + max(produced, 1) - 1))
+        kv_cache.trim(kv_cache.offset - (len(prompt) + max(produced, 1) - 1))
 
 
 # ---------------------------------------------------------------- the stop rules

@@ -26,6 +26,8 @@ GPU buffer view on the GPU). A backend may record work lazily and run it when a 
 A backend with ``decode_ahead > 1`` (the GPU) also lets greedy decoding run ahead of the CPU:
 ``argmax_ahead`` leaves the chosen ids on the device as `DeviceTokens`, which ``embed`` (and so a
 model forward) accepts in place of ids, and ``read_tokens`` reads a batch of them back at once.
+Sampled decoding runs ahead the same way where ``samples_ahead(sampler)`` says the backend can
+draw on its device (``sample_ahead``, given the step's uniform draw).
 
 Non-finite logits (NaN, +inf or -inf anywhere in a row) are flagged by the reductions a decode
 loop already runs, never by an extra pass: ``argmax`` returns ``-1`` for such a row, ``top_k``
@@ -78,6 +80,10 @@ Weight = Any
 """A backend's weight handle, uploaded once."""
 
 WeightSource = np.ndarray | QuantTensor
+
+
+UNDECIDED = -2
+"""The id ``read_tokens`` gives for a draw the device left to the CPU (a tie at the top-k boundary)."""
 
 
 class DeviceTokens:
@@ -216,5 +222,18 @@ class Ops(Protocol):
         ...
 
     def read_tokens(self, handles: Sequence[DeviceTokens]) -> list[np.ndarray]:
-        """The ids of each handle (int64 ``[tokens]``), in one readback; ``-1`` as `argmax` gives it."""
+        """The ids of each handle (int64 ``[tokens]``), in one readback; ``-1`` as `argmax` gives it, and
+        ``UNDECIDED`` for a ``sample_ahead`` draw the device left to the CPU (the handles after it
+        were fed a placeholder)."""
+        ...
+
+    def samples_ahead(self, sampler) -> bool:
+        """Whether ``sample_ahead`` can draw for this `Sampler` on the device (absent: never)."""
+        ...
+
+    def sample_ahead(self, x: Activation, sampler, draw: float) -> DeviceTokens:
+        """A token drawn from ``x`` ``[1, vocab]`` with ``sampler`` and the uniform ``draw`` in
+        [0, 1), left on the device and started: the token ``sampler.sample`` draws from the same
+        logits with a generator whose next ``random()`` is ``draw`` (up to float32 rounding); it
+        reads back as ``-1`` where the logits hold NaN or inf, as for `argmax_ahead`."""
         ...

@@ -317,6 +317,20 @@ def make_sampler(
     return Sampler(float(temperature), int(top_k), float(top_p), float(min_p), float(repetition_penalty))
 
 
+class FixedDraw:
+    """A stand-in for ``np.random.Generator`` holding one uniform drawn earlier: ``random()`` returns it.
+
+    The GPU draws a token with a uniform taken from the generator when the step was recorded; a
+    draw it leaves to the CPU (``kjarni.ops.UNDECIDED``) is made with that same uniform.
+    """
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
 def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Inverse-CDF draw with one ``rng.random()``; never returns a zero-probability entry."""
     cdf = np.cumsum(probs)

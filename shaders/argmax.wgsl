@@ -1,5 +1,8 @@
-// argmax: the index of each row's largest value (lowest index on ties), in two passes.
-// Bindings: params, x [tokens, cols], partial [tokens, chunks] (value bits, index), out [tokens].
+// argmax: the index of each row's largest value (lowest index on ties), in two passes, and
+// whether the row is finite: NaN and inf rank above everything (rank_key), so the winner shows it.
+// Bindings: params, x [tokens, cols], partial [tokens, chunks] (value bits, index),
+// out [2 tokens]: the ids, then a status per row (0: finite, 1: a NaN or an inf somewhere; the id
+// is then 0, a valid row for an embedding recorded before the status is read).
 // chunks: grid (chunks, tokens), workgroup (c, t) reduces x[t, ITEMS WG c ..][:ITEMS WG] to partial.
 // main:   grid (1, tokens), reduces partial[t, :] and writes out[t].
 
@@ -41,7 +44,7 @@ fn chunks(
     for (var i = 0u; i < ITEMS; i++) {
         let c = (wid.x * ITEMS + i) * WG + lid;
         if (c < params.cols) {
-            let v = x[t * params.cols + c];
+            let v = rank_key(x[t * params.cols + c]);
             if (beats(v, c, bv, bi)) { bv = v; bi = c; }
         }
     }
@@ -75,6 +78,8 @@ fn main(
     }
     let best = workgroup_argmax(bv, bi, lid, sg);
     if (lid == 0u) {
-        out[t] = best.y;
+        let bad = best.y == NO_INDEX || is_bad_logit(x[t * params.cols + min(best.y, params.cols - 1u)]);
+        out[t] = select(best.y, 0u, bad);
+        out[params.tokens + t] = select(0u, 1u, bad);
     }
 }

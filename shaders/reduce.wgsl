@@ -4,6 +4,22 @@
 
 const NEG_BIG: f32 = -3.0e38;  // "minus infinity" for maxima (WGSL has no infinity literal)
 const NO_INDEX: u32 = 0xffffffffu;
+const F32_MAX: f32 = 3.40282347e38;
+
+// Set false only to measure what the finite check costs (tools/bench_gpu.py).
+override FINITE_CHECK: bool = true;
+
+// NaN or an inf (kjarni/ops.py: a row holding one has no valid choice). Tested on the bits: a
+// shader compiler may assume floats are never NaN or inf and fold a float comparison away.
+fn is_bad_logit(v: f32) -> bool {
+    return FINITE_CHECK && (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// The value argmax and top_k rank by: a bad logit ranks above every finite one, so the row's
+// winner is bad exactly when some logit is (the finite check costs no extra pass).
+fn rank_key(v: f32) -> f32 {
+    return select(v, F32_MAX, is_bad_logit(v));
+}
 
 var<workgroup> reduce_v: array<f32, WG>;
 var<workgroup> reduce_i: array<u32, WG>;

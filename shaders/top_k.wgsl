@@ -1,7 +1,9 @@
 // top_k: the k largest values of each row and their indices, descending (lowest index first on
 // ties), by repeated selection in two passes; only tokens * k pairs are read back.
 // Bindings: params, x [tokens, cols], partial [tokens, chunks, k] candidates, out [tokens, k].
-// Pairs are (value bits, index); an exhausted chunk yields (NEG_BIG, NO_INDEX).
+// Pairs are (value bits, index); an exhausted chunk yields (NEG_BIG, NO_INDEX). NaN and inf rank
+// above every finite value (rank_key) and the first pair carries the logit's own bits, so a
+// non-finite row shows in out[t, 0] (the finite check of sample.wgsl and of the CPU sampler).
 // chunks: grid (chunks, tokens): each workgroup selects the k best of its ITEMS WG values.
 // main:   grid (1, tokens): selects the k best of the row's chunks * k candidates.
 
@@ -43,7 +45,7 @@ fn chunks(
     for (var i = 0u; i < ITEMS; i++) {
         let c = (wid.x * ITEMS + i) * WG + lid;
         if (c < params.cols) {
-            vals[i] = x[t * params.cols + c];
+            vals[i] = rank_key(x[t * params.cols + c]);
             live |= 1u << i;
         }
     }
@@ -96,7 +98,11 @@ fn main(
             partial[base + bj] = vec2<u32>(bitcast<u32>(NEG_BIG), NO_INDEX);
         }
         if (lid == 0u) {
-            out[t * params.k + n] = best;
+            var pair = best;
+            if (n == 0u && best.y != NO_INDEX) {
+                pair.x = bitcast<u32>(x[t * params.cols + best.y]);  // NaN / inf as they are
+            }
+            out[t * params.k + n] = pair;
         }
     }
 }

@@ -17,6 +17,7 @@ import numpy as np
 
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
 from kjarni.gpu import kernels
+from kjarni.gpu import sampling as gpu_sampling
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.params import (
     ATTENTION,
@@ -51,7 +52,7 @@ DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
 SINGLE_WG = 512  # threads of attention_single
 MAX_TOP_K = 256  # larger k reads the row back and selects on the CPU
-TOKEN_RING_BYTES = 65536  # argmax_ahead's readback ring: 16384 ids, read before that many more are chosen
+TOKEN_RING_BYTES = 65536  # argmax_ahead's readback ring: 8192 (id, status) pairs, read before that many more are chosen
 
 
 def _fold(workgroups: int) -> tuple[int, int, int]:
@@ -105,8 +106,9 @@ class _SiluMulPending(GpuTensor):
 
 
 class GpuTokens(DeviceTokens):
-    """Ids chosen by `WgpuOps.argmax_ahead`: ``buffer`` holds them for the next embed, and a copy
-    waits at ``ring_offset`` of the readback ring for `WgpuOps.read_tokens`."""
+    """Ids chosen by `WgpuOps.argmax_ahead` or `sample_ahead`: ``buffer`` holds them for the next
+    embed, then a status per id; a copy of both waits at ``ring_offset`` of the readback ring for
+    `WgpuOps.read_tokens`."""
 
     __slots__ = ("scratch", "buffer", "ring_offset")
 
@@ -237,6 +239,7 @@ class WgpuOps:
     attention_partial_max_bytes = 64 << 20  # attention_tiled's split partials: longer chunks beyond this
     attention_single_max = 768  # decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)
     decode_ahead = 8  # greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
+    finite_check = True  # argmax / top_k flag NaN and inf logits (False only to measure the check's cost)
 
     def __init__(self, context: WgpuContext | None = None, *, weight_format: str = "f16", kv_format: str | None = None) -> None:
         if weight_format not in ("f16", "f32", "q8_0"):
@@ -825,53 +828,72 @@ class WgpuOps:
         return np.frombuffer(data, dtype=np.float32).reshape(tokens, features).copy()
 
     def argmax(self, x: GpuTensor) -> np.ndarray:
+        tokens = x.shape[0]
         out = self._argmax(x)
-        data = self.context.read(out.buffer, 0, x.shape[0] * 4)
-        return np.frombuffer(data, dtype=np.uint32).astype(np.int64)
+        words = np.frombuffer(self.context.read(out.buffer, 0, tokens * 8), dtype=np.uint32)
+        return gpu_sampling.decode_ring(words, [tokens])[0]
 
     def argmax_ahead(self, x: GpuTensor) -> GpuTokens:
         """`argmax` left on the GPU and submitted: a forward can embed the result before the CPU
         reads it (`read_tokens`), so a greedy loop records step n + 1 while the GPU runs step n."""
+        return self._ahead(self._argmax(x), x.shape[0])
+
+    def sample_ahead(self, x: GpuTensor, sampler: Any, draw: float) -> GpuTokens:
+        """A token drawn on the GPU from the last row of ``x`` with ``sampler`` and the uniform
+        ``draw`` (kjarni/gpu/sampling.py), left on the device like `argmax_ahead`. Only for
+        samplers `samples_ahead` accepts."""
+        return self._ahead(gpu_sampling.record_sample(self, x, sampler, draw), 1)
+
+    def samples_ahead(self, sampler: Any) -> bool:
+        """Whether `sample_ahead` can draw for ``sampler`` on the GPU (top-k, no repetition penalty)."""
+        return gpu_sampling.runs_on_device(sampler)
+
+    def _ahead(self, out: Scratch, tokens: int) -> GpuTokens:
+        """Copies ``out`` ([tokens] ids, then [tokens] statuses) into the readback ring and submits."""
         ctx = self.context
-        tokens = x.shape[0]
-        out = self._argmax(x)
         if self._token_ring is None:
             self._token_ring = ctx.storage(TOKEN_RING_BYTES, "token ring")
-        if self._ring_cursor + 4 * tokens > TOKEN_RING_BYTES:
+        if self._ring_cursor + 8 * tokens > TOKEN_RING_BYTES:
             self._ring_cursor = 0
-        ctx.copy(out.buffer, 0, self._token_ring, self._ring_cursor, 4 * tokens)
+        ctx.copy(out.buffer, 0, self._token_ring, self._ring_cursor, 8 * tokens)
         handle = GpuTokens(out, tokens, self._ring_cursor)
-        self._ring_cursor += 4 * tokens
+        self._ring_cursor += 8 * tokens
         ctx.flush()
         return handle
 
     def read_tokens(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
-        ring, counts = self._token_ring, [len(h) for h in handles]
-        offsets = [h.ring_offset for h in handles]
-        contiguous = all(offsets[i + 1] == offsets[i] + 4 * counts[i] for i in range(len(handles) - 1))
-        if not contiguous:  # the ring wrapped between them
-            return [ids for h in handles for ids in self.read_tokens([h])]
+        """The ids of ``handles`` in one readback: ``-1`` where the logits were not finite,
+        ``kjarni.ops.UNDECIDED`` for a draw left to the CPU (`gpu_sampling.decode_ring`)."""
         if not handles:
             return []
-        data = self.context.read(ring, offsets[0], 4 * sum(counts))
-        ids = np.frombuffer(data, dtype=np.uint32).astype(np.int64)
-        return np.split(ids, np.cumsum(counts[:-1]))
+        ring, counts = self._token_ring, [len(h) for h in handles]
+        offsets = [h.ring_offset for h in handles]
+        read = self.context.read
+        if all(offsets[i + 1] == offsets[i] + 8 * counts[i] for i in range(len(handles) - 1)):
+            data = read(ring, offsets[0], 8 * sum(counts))
+        else:  # the ring wrapped between them
+            data = b"".join(read(ring, offset, 8 * count) for offset, count in zip(offsets, counts))
+        return gpu_sampling.decode_ring(np.frombuffer(data, dtype=np.uint32), counts)
 
     def _argmax(self, x: GpuTensor) -> Scratch:
-        """Records the argmax of each row of ``x`` into a new ``[tokens]`` u32 buffer."""
+        """Records the argmax of each row of ``x`` into a new ``[2, tokens]`` u32 buffer: the ids,
+        then a status per row (`gpu_sampling.NOT_FINITE` where the row holds a NaN or an inf)."""
         ctx = self.context
         tokens, cols = x.shape
         chunks = -(-cols // 2048)
         partial = ctx.scratch(tokens * chunks * 8)
-        out = ctx.scratch(tokens * 4)
+        out = ctx.scratch(tokens * 8)
         params = ctx.uniform(SELECT.pack(cols=cols, tokens=tokens, chunks=chunks, k=1))
         buffers = (params, x.buffer, partial.buffer, out.buffer)
-        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="chunks"), buffers, (chunks, tokens, 1))
-        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="main"), buffers, (1, tokens, 1))
+        constants = self._finite_constants()
+        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="chunks", constants=constants), buffers, (chunks, tokens, 1))
+        ctx.dispatch(ctx.pipeline("argmax", SELECT_KINDS, entry="main", constants=constants), buffers, (1, tokens, 1))
         return out
 
+    def _finite_constants(self) -> dict[str, float] | None:
+        return None if self.finite_check else {"FINITE_CHECK": 0}
+
     def top_k(self, x: GpuTensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        ctx = self.context
         tokens, cols = x.shape
         k = min(int(k), cols)
         if k < 1:
@@ -883,15 +905,26 @@ class WgpuOps:
             order = np.lexsort((part, -values), axis=-1)
             ids = np.take_along_axis(part, order, axis=-1)
             return np.take_along_axis(logits, ids, axis=-1), ids.astype(np.int64)
+        out = self._top_k(x, k)
+        pairs = np.frombuffer(self.context.read(out.buffer, 0, tokens * k * 8), dtype=np.uint32).reshape(tokens, k, 2)
+        values, ids = pairs[:, :, 0].copy().view(np.float32), pairs[:, :, 1].astype(np.int64)
+        ids[~np.isfinite(values[:, 0])] = -1  # the first pair carries a NaN / inf logit as it is (top_k.wgsl)
+        return values, ids
+
+    def _top_k(self, x: GpuTensor, k: int) -> Scratch:
+        """Records the ``k`` (<= MAX_TOP_K, <= cols) best (value bits, index) pairs of each row into
+        a new ``[tokens, k]`` buffer; NaN and inf rank first and the first pair keeps their bits."""
+        ctx = self.context
+        tokens, cols = x.shape
         chunks = -(-cols // 2048)
         partial = ctx.scratch(tokens * chunks * k * 8)
         out = ctx.scratch(tokens * k * 8)
         params = ctx.uniform(SELECT.pack(cols=cols, tokens=tokens, chunks=chunks, k=k))
         buffers = (params, x.buffer, partial.buffer, out.buffer)
-        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="chunks"), buffers, (chunks, tokens, 1))
-        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="main"), buffers, (1, tokens, 1))
-        pairs = np.frombuffer(ctx.read(out.buffer, 0, tokens * k * 8), dtype=np.uint32).reshape(tokens, k, 2)
-        return pairs[:, :, 0].copy().view(np.float32), pairs[:, :, 1].astype(np.int64)
+        constants = self._finite_constants()
+        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="chunks", constants=constants), buffers, (chunks, tokens, 1))
+        ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="main", constants=constants), buffers, (1, tokens, 1))
+        return out
 
 
 def _storage_usage() -> int:

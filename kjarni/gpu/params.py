@@ -66,6 +66,10 @@ ATTENTION = _layout(
 """``window``: sliding attention window (0: none); position p sees keys p - window < k <= p."""
 SELECT = _layout("SelectParams", "cols:u32 tokens:u32 chunks:u32 k:u32")
 """argmax and top_k."""
+SAMPLE = _layout("SampleParams", "n:u32 top_k:u32 temperature:f32 top_p:f32 min_p:f32 _pad0:u32 _pad1:u32 _pad2:u32")
+"""sample.wgsl: ``n`` candidates (top_k + 1, or the vocabulary if smaller) and the sampler's settings."""
+DRAW = _layout("Draw", "u:f32 _pad0:u32 _pad1:u32 _pad2:u32")
+"""sample.wgsl's per-step uniform: the step's random draw ``u`` in [0, 1)."""
 
 STEP = _layout("Step", "start:u32 _pad0:u32 _pad1:u32 _pad2:u32")
 """The per-step uniform (binding ``step``): written once per forward, shared by every layer."""
@@ -87,6 +91,7 @@ KERNEL_PARAMS: dict[str, ParamsLayout] = {
     "attention_single": ATTENTION,
     "argmax": SELECT,
     "top_k": SELECT,
+    "sample": SAMPLE,
 }
 """Shader file stem -> the layout of its ``struct Params`` (quantized kernels use LINEAR / EMBED)."""
 
