@@ -1,6 +1,7 @@
 """kjarni: text generation for decoder language models on any GPU through WebGPU, with a numpy reference."""
 
 from kjarni.errors import (
+    ChatTemplateError,
     ContextOverflowError,
     DownloadFailedError,
     GenerationFailedError,
@@ -40,6 +41,7 @@ __all__ = [
     "GeneratorBuilder",
     "KjarniDevice",
     "WgpuContext",
+    "ChatTemplateError",
     "ContextOverflowError",
     "DownloadFailedError",
     "GenerationFailedError",

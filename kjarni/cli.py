@@ -1,6 +1,7 @@
 """The ``kjarni`` command: generate text, list and fetch models, list presets.
 
     kjarni generate "Once upon a time" --max-tokens 50 --seed 1
+    kjarni generate --chat "What is the capital of France?"
     echo "def fib(n):" | kjarni generate - --preset generator_code_v1
     kjarni generate "def quicksort(xs):" --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --greedy
     kjarni models
@@ -68,6 +69,8 @@ def _parser() -> _Parser:
     gen.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
     gen.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and stats instead of streaming")
+    gen.add_argument("--chat", action="store_true", help="PROMPT is a user message: answer it through the model's chat template")
+    gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before PROMPT")
     gen.add_argument("--draft", metavar="NAME", help="speculative decoding with NAME (registry name or path) as the draft "
                                                     "model; it must share the model's vocabulary")
     gen.add_argument("--draft-tokens", type=int, metavar="K", help="tokens the draft proposes per round (default 4)")
@@ -109,6 +112,8 @@ def _generate(args: argparse.Namespace) -> int:
         raise _UsageError("--model and --model-path both name a model; pass one of them")
     if args.draft is None and (args.draft_tokens is not None or args.draft_device is not None):
         raise _UsageError("--draft-tokens and --draft-device need --draft NAME")
+    if args.system is not None and not args.chat:
+        raise _UsageError("--system needs --chat")
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -145,7 +150,11 @@ def _generate(args: argparse.Namespace) -> int:
         builder.prefix_cache(True)
     generator = builder.generation_config(overrides).build()
 
-    stream = generator.stream_text(prompt)
+    if args.chat:
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        stream = generator.stream_chat([*system, {"role": "user", "content": prompt}])
+    else:
+        stream = generator.stream_text(prompt)
     with stream:
         if args.json:
             text = "".join(stream)

@@ -66,3 +66,7 @@ class ContextOverflowError(KjarniError):
         super().__init__(message)
         self.tokens = tokens
         self.context = context
+
+
+class ChatTemplateError(KjarniError):
+    """A model has no chat template, or its template does not compile or fails on the messages."""

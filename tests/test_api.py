@@ -41,7 +41,7 @@ from kjarni.generator import (
     ResolvedGenerationConfig,
 )
 from kjarni.generator import builder as builder_module
-from tests.tiny_models import SPECIAL_TOKENS, random_state_dict, save_safetensors_model, tiny_config, tiny_vocab
+from tests.tiny_models import CHAT_TEMPLATE, SPECIAL_TOKENS, random_state_dict, save_safetensors_model, tiny_config, tiny_vocab
 
 TINY_VOCAB = 300  # every byte has a token, so any text (emoji, CJK) encodes
 
@@ -57,7 +57,7 @@ def write_tiny_tokenizer(folder: Path, *, bos: bool = True) -> None:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "add_bos_token": False}
+    config = {"eos_token": "<|im_end|>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE}
     if bos:
         config["bos_token"] = "<|im_start|>"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

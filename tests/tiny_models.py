@@ -229,6 +229,22 @@ def _byte_to_unicode() -> dict[int, str]:
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+# ChatML, as SmolLM2 writes it (a default system message when the conversation has none).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def write_chat_template(folder: str | Path, template: str = CHAT_TEMPLATE) -> None:
+    """Add ``chat_template`` to a model folder's tokenizer_config.json, as transformers saves it."""
+    config_file = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config["chat_template"] = template
+    config_file.write_text(json.dumps(config))
+
 
 def tiny_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) for a byte-level gpt2 vocabulary of exactly `vocab_size` tokens.
@@ -250,12 +266,13 @@ def tiny_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
 
 
 def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str, np.ndarray],
-                    quant: str = "F32") -> Path:
+                    quant: str = "F32", chat_template: str | None = None) -> Path:
     """Write a GGUF file as llama.cpp's converter would, with 2-D tensors stored as `quant`.
 
     `quant` is any type `gguf.quants.quantize` supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
     Q8_0); a matrix whose in_features is not a multiple of the block size stays F32, like 1-D tensors.
-    llama q_proj/k_proj (weights and biases) are permuted as the converter does.
+    llama q_proj/k_proj (weights and biases) are permuted as the converter does. ``chat_template``
+    is stored as ``tokenizer.chat_template`` (none by default).
     """
     path = Path(path)
     model_type = config["model_type"]
@@ -294,6 +311,8 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
     eos = config.get("eos_token_id", 2)
     writer.add_eos_token_id(int(eos[0] if isinstance(eos, list) else eos))
     writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     for name, value in tensors.items():

@@ -115,6 +115,7 @@ class GeneratorBuilder:
         self._allow_warnings = False
         self._draft: tuple[str, int, KjarniDevice | None] | None = None  # name, tokens per round, device
         self._prefix_cache_tokens: int | None = None
+        self._chat_template: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -229,6 +230,17 @@ class GeneratorBuilder:
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
             raise InvalidConfigurationError(f"prefix_cache_tokens={tokens!r} is out of range: it must be an integer >= 1")
         self._prefix_cache_tokens = tokens
+        return self
+
+    def chat_template(self, template: str) -> GeneratorBuilder:
+        """The Jinja chat template ``chat`` and ``apply_chat_template`` use, instead of the model's own.
+
+        For models that ship without one, or to change how a conversation is formatted; it is
+        compiled (in the sandbox) at ``build()``, so a broken one fails there.
+        """
+        if not isinstance(template, str) or not template.strip():
+            raise InvalidConfigurationError(f"chat_template must be a non-empty str (a Jinja template), got {template!r:.60}")
+        self._chat_template = template
         return self
 
     # ------------------------------------------------------------ sampling
@@ -481,7 +493,7 @@ class GeneratorBuilder:
                 PrefixCache(loaded.model, tokens, context_size=context_size),
                 None if draft is None else PrefixCache(draft.loaded.model, tokens, context_size=context_size),
             )
-        return Generator(
+        generator = Generator(
             loaded=loaded,
             model_name=source.name,
             entry=source.entry,
@@ -493,7 +505,11 @@ class GeneratorBuilder:
             draft=draft,
             prefix_cache=prefix_caches[0],
             draft_prefix_cache=prefix_caches[1],
+            chat_template=self._chat_template,
         )
+        if self._chat_template is not None:
+            _ = generator.chat_template  # compile it now: a broken template fails the build, not the first chat
+        return generator
 
     async def abuild(self) -> Generator:
         """``build`` in a worker thread, for asyncio code."""

@@ -13,6 +13,7 @@ before its next decode step, returning what it had with finish reason ``"cancell
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import threading
 import weakref
@@ -36,6 +37,7 @@ from kjarni.generator.config import (
 if TYPE_CHECKING:
     from kjarni.generator.builder import GeneratorBuilder
     from kjarni.loader import LoadedModel
+    from kjarni.chat import ChatTemplate
     from kjarni.prefix_cache import PrefixCache
     from kjarni.registry import ModelEntry
 
@@ -90,6 +92,7 @@ class Generator:
         draft: _Draft | None = None,
         prefix_cache: PrefixCache | None = None,
         draft_prefix_cache: PrefixCache | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self._loaded = loaded
         self._model_name = model_name
@@ -110,6 +113,8 @@ class Generator:
         self._draft_kv_cache: Any = None
         self._prefix_cache = prefix_cache
         self._draft_prefix_cache = draft_prefix_cache
+        self._chat_template_source = chat_template  # the builder's override, else the model's own
+        self._chat_template: ChatTemplate | None = None
         self.last_stats: Any = None
         """Statistics of the most recent finished generation (``kjarni.generate.GenerationStats``)."""
 
@@ -332,6 +337,78 @@ class Generator:
         prompt_ids, config = self._prepare(prompt, runtime_overrides, settings)
         return AsyncTokenStream(self, prompt_ids, config, text_only=True)
 
+    # ------------------------------------------------------------ chat (templates: kjarni/chat.py)
+
+    def apply_chat_template(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+        **template_vars: Any,
+    ) -> str:
+        """``messages`` rendered with the model's chat template (transformers' name and semantics).
+
+        ``messages`` is a list of ``{"role", "content"}`` dicts (content a str or a list of
+        ``{"type": "text", "text": ...}`` parts); ``add_generation_prompt`` ends the text with the
+        opening of an assistant turn. Raises ``ChatTemplateError`` when the model has no template
+        (give one with the builder's ``chat_template``) or the template fails.
+        """
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_vars)
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's ``kjarni.chat.ChatTemplate`` (the builder's ``chat_template`` when given), loaded on first use."""
+        if self._chat_template is None:
+            from kjarni.chat import ChatTemplate
+
+            self._chat_template = ChatTemplate.for_model(self._loaded, self._model_name, self._chat_template_source)
+        return self._chat_template
+
+    def chat(self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any) -> str:
+        """The assistant's answer to ``messages``: ``generate`` on the chat template's rendering.
+
+        ``settings`` are per-call generation settings (``max_tokens=``, ``temperature=``, ... the
+        fields of ``GenerationOverrides``) on top of ``overrides``. Generation stops at the
+        template's end-of-turn token (``<|im_end|>``) as well as EOS; neither appears in the answer.
+        """
+        return "".join(self.stream_chat(messages, overrides, **settings))
+
+    def stream_chat(self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any) -> TokenStream:
+        """``chat`` as a stream of text pieces (like ``stream_text``)."""
+        prompt_ids, config = self._prepare_chat(messages, overrides, settings)
+        return TokenStream(self, prompt_ids, config, text_only=True)
+
+    def stream_chat_tokens(
+        self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any
+    ) -> TokenStream:
+        """``chat`` as a stream of ``GeneratedToken`` (like ``stream``)."""
+        prompt_ids, config = self._prepare_chat(messages, overrides, settings)
+        return TokenStream(self, prompt_ids, config, text_only=False)
+
+    async def achat(self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any) -> str:
+        """``chat`` for asyncio: runs in a worker thread; cancelling stops it between tokens."""
+        async with self.astream_chat(messages, overrides, **settings) as stream:
+            return await stream.text()
+
+    def astream_chat(
+        self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any
+    ) -> AsyncTokenStream:
+        """``stream_chat`` for asyncio: an async iterator of text pieces."""
+        prompt_ids, config = self._prepare_chat(messages, overrides, settings)
+        return AsyncTokenStream(self, prompt_ids, config, text_only=True)
+
+    def _prepare_chat(
+        self, messages: list[dict], overrides: GenerationOverrides | None, settings: dict[str, Any]
+    ) -> tuple[list[int], ResolvedGenerationConfig]:
+        """Token ids of the rendered conversation and the settings, end of turn added to the end ids."""
+        from kjarni.chat import call_overrides
+
+        config = self._config.with_overrides(call_overrides(overrides, settings))
+        template = self.chat_template
+        prompt_ids = template.encode(self._loaded.tokenizer, messages)
+        self._check_fits(prompt_ids)
+        end = template.end_of_turn_id
+        if end is not None and end not in config.eos_token_ids:
+            config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, end))
+        return prompt_ids, config
+
     # ------------------------------------------------------------ internals
 
     def _prepare(
@@ -350,6 +427,10 @@ class Generator:
                     f"the prompt is empty and {self._model_name} has no BOS token to start from; pass some text"
                 )
             prompt_ids = [tokenizer.bos_token_id]
+        self._check_fits(prompt_ids)
+        return prompt_ids, config
+
+    def _check_fits(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self._context_size:
             # Equal does not fit either: the context must hold at least one generated token too.
             raise ContextOverflowError(
@@ -358,7 +439,6 @@ class Generator:
                 tokens=len(prompt_ids),
                 context=self._context_size,
             )
-        return prompt_ids, config
 
     def _acquire(self, stop: threading.Event | None = None) -> _ThreadToken | None:
         """Take the one-generation-at-a-time lock and return the calling thread's token; None if
