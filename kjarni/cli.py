@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 import traceback
-from typing import Sequence
+from typing import Any, Sequence
 
 from kjarni import __version__
 from kjarni.errors import InvalidConfigurationError, KjarniError
@@ -51,23 +51,28 @@ def _parser() -> _Parser:
     common.add_argument("--cache-dir", metavar="DIR", help="model cache (default: $KJARNI_CACHE_DIR or ~/.cache/kjarni)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    gen = commands.add_parser("generate", parents=[common], help="generate text from a prompt (streams to stdout)",
+    # Shared by every command that runs a model (generate, chat, serve).
+    model_options = argparse.ArgumentParser(add_help=False)
+    model_options.add_argument("--model", "-m", help="registry model name (default: the preset's, else smollm2-135m-instruct)")
+    model_options.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead of --model")
+    model_options.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
+    model_options.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
+    sampling = argparse.ArgumentParser(add_help=False)
+    sampling.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate")
+    sampling.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
+    sampling.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely tokens (0: off)")
+    sampling.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold in (0, 1]")
+    sampling.add_argument("--min-p", type=float, metavar="P", help="min-p threshold in [0, 1]")
+    sampling.add_argument("--repetition-penalty", type=float, metavar="R", help="penalty on repeated tokens (1: off)")
+    sampling.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    sampling.add_argument("--stop", action="append", metavar="TEXT", help=r"stop before TEXT (repeatable; \n, \t and \\ are understood)")
+    sampling.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
+
+    gen = commands.add_parser("generate", parents=[common, model_options, sampling],
+                              help="generate text from a prompt (streams to stdout)",
                               description="Generate text after PROMPT and stream it to stdout.")
     gen.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads it from stdin (one trailing newline dropped)")
-    gen.add_argument("--model", "-m", help="registry model name (default: the preset's, else smollm2-135m-instruct)")
-    gen.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead of --model")
-    gen.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
     gen.add_argument("--preset", help="a preset name from `kjarni presets` (model, device, temperature, max tokens)")
-    gen.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate")
-    gen.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
-    gen.add_argument("--top-k", type=int, metavar="K", help="keep the K most likely tokens (0: off)")
-    gen.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold in (0, 1]")
-    gen.add_argument("--min-p", type=float, metavar="P", help="min-p threshold in [0, 1]")
-    gen.add_argument("--repetition-penalty", type=float, metavar="R", help="penalty on repeated tokens (1: off)")
-    gen.add_argument("--seed", type=int, help="seed for reproducible sampling")
-    gen.add_argument("--stop", action="append", metavar="TEXT", help=r"stop before TEXT (repeatable; \n, \t and \\ are understood)")
-    gen.add_argument("--greedy", action="store_true", help="greedy decoding (same as --temperature 0)")
-    gen.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
     gen.add_argument("--json", action="store_true", help="print one JSON object with the text and stats instead of streaming")
     gen.add_argument("--chat", action="store_true", help="PROMPT is a user message: answer it through the model's chat template")
     gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before PROMPT")
@@ -102,23 +107,14 @@ def _parser() -> _Parser:
 # ---------------------------------------------------------------- commands
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _model_builder(args: argparse.Namespace, preset: str | None = None) -> Any:
+    """A ``GeneratorBuilder`` from the model, device and sampling options (checked before any download)."""
     from kjarni.generator import GenerationOverrides, GeneratorBuilder
-    from kjarni.speculative import DEFAULT_DRAFT_TOKENS
 
     if args.greedy and args.temperature is not None:
         raise _UsageError("--greedy and --temperature contradict each other; pass one of them")
     if args.model and args.model_path:
         raise _UsageError("--model and --model-path both name a model; pass one of them")
-    if args.draft is None and (args.draft_tokens is not None or args.draft_device is not None):
-        raise _UsageError("--draft-tokens and --draft-device need --draft NAME")
-    if args.system is not None and not args.chat:
-        raise _UsageError("--system needs --chat")
-    prompt = args.prompt
-    if prompt == "-":
-        prompt = sys.stdin.read()
-        if prompt.endswith("\n"):
-            prompt = prompt[:-1]
     # Built before loading anything, so a bad value costs no download.
     overrides = GenerationOverrides(
         max_tokens=args.max_tokens,
@@ -131,8 +127,8 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(_unescape(s) for s in args.stop) if args.stop else None,
     )
     builder = GeneratorBuilder(args.model)
-    if args.preset:
-        builder.preset(args.preset)
+    if preset:
+        builder.preset(preset)
     if args.model_path:
         builder.model_path(args.model_path)
     if args.device:
@@ -143,12 +139,28 @@ def _generate(args: argparse.Namespace) -> int:
         builder.offline()
     if args.quiet:
         builder.quiet()
+    return builder.generation_config(overrides)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from kjarni.speculative import DEFAULT_DRAFT_TOKENS
+
+    if args.draft is None and (args.draft_tokens is not None or args.draft_device is not None):
+        raise _UsageError("--draft-tokens and --draft-device need --draft NAME")
+    if args.system is not None and not args.chat:
+        raise _UsageError("--system needs --chat")
+    builder = _model_builder(args, args.preset)
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if prompt.endswith("\n"):
+            prompt = prompt[:-1]
     if args.draft:
         builder.draft(args.draft, DEFAULT_DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens,
                       device=args.draft_device)
     if args.prefix_cache:
         builder.prefix_cache(True)
-    generator = builder.generation_config(overrides).build()
+    generator = builder.build()
 
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
