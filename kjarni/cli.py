@@ -2,6 +2,7 @@
 
     kjarni generate "Once upon a time" --max-tokens 50 --seed 1
     kjarni generate --chat "What is the capital of France?"
+    kjarni chat --system "Answer in one sentence."
     echo "def fib(n):" | kjarni generate - --preset generator_code_v1
     kjarni generate "def quicksort(xs):" --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --greedy
     kjarni models
@@ -82,6 +83,12 @@ def _parser() -> _Parser:
     gen.add_argument("--draft-device", choices=("cpu", "gpu", "auto"), help="where the draft runs (default: the model's device)")
     gen.add_argument("--prefix-cache", action="store_true", help="allocate the prefix KV cache (reuse across calls; "
                                                                  "one call gains nothing from it)")
+
+    chat = commands.add_parser(
+        "chat", parents=[common, model_options, sampling], help="an interactive chat with a model (streams answers)",
+        description="Chat with a model in the terminal through its chat template: /reset, /system TEXT, /exit; "
+                    "Ctrl-C stops an answer, Ctrl-D leaves. The prefix cache is on, so each turn prefills only what is new.")
+    chat.add_argument("--system", metavar="TEXT", help="the system message the conversation starts with")
 
     commands.add_parser("models", parents=[common], help="list known models, their sizes and what is cached",
                         description="List the registry's models with sizes and whether each is in the cache.")
@@ -214,6 +221,13 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
+def _chat(args: argparse.Namespace) -> int:
+    from kjarni import chat_repl
+
+    generator = _model_builder(args).prefix_cache(True).build()
+    return chat_repl.run(generator, system=args.system)
+
+
 def _models(args: argparse.Namespace) -> int:
     from kjarni import registry, sources
     from kjarni.progress import format_bytes
@@ -278,7 +292,7 @@ def _parity(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"generate": _generate, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
+_COMMANDS = {"generate": _generate, "chat": _chat, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
 
 
 # ---------------------------------------------------------------- entry point
@@ -296,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         debug = args.debug if hasattr(args, "debug") else debug
         if args.command is None:
-            raise _UsageError("a command is needed: generate, models, pull, presets or parity (see `kjarni --help`)")
+            raise _UsageError("a command is needed: generate, chat, models, pull, presets or parity (see `kjarni --help`)")
         return _COMMANDS[args.command](args)
     except _UsageError as error:
         return _fail(f"error: {error}", EXIT_USAGE, debug)
