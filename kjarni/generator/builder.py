@@ -361,7 +361,7 @@ class GeneratorBuilder:
             cache_dir=self._cache_dir,
             policy=self._download_policy,
             quiet=self._quiet,
-            prefer=self._load_config.prefer or "gguf",
+            prefer=self._load_config.prefer,  # None: reuse whichever form is cached
         )
 
     def _ops(self, device: KjarniDevice, context: Any) -> tuple[Any, Any, KjarniDevice]:

@@ -1,0 +1,141 @@
+"""Models by Hugging Face id, through huggingface_hub against a fake hub on 127.0.0.1 (tests/fake_hub.py).
+
+The hub is unreachable from CI, so every test points HF_ENDPOINT at the fake one and HF_HUB_CACHE
+at a fresh folder; the fake logs each request, so "no second download" is a count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kjarni import hub, sources
+from kjarni.errors import LoadFailedError, ModelNotDownloadedError
+from kjarni.generator import Generator
+from kjarni.sources import DownloadPolicy, resolve
+from tests.fake_hub import FakeHub
+from tests.test_api import make_tiny_model
+from tests.tiny_models import random_state_dict, save_gguf_model, tiny_config
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny-hub"))
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    config = tiny_config("llama")
+    path = save_gguf_model(tmp_path_factory.mktemp("tiny-gguf") / "t.gguf", config, random_state_dict(config, seed=4))
+    return path.read_bytes()
+
+
+@pytest.fixture
+def fake_hub(tiny_files, tiny_gguf, tmp_path, monkeypatch):
+    repos = {
+        "test-org/Tiny-Chat": {**tiny_files, "README.md": b"# tiny"},
+        "test-org/Tiny-Chat-GGUF": {
+            "tiny-chat-q4_k_m.gguf": tiny_gguf,
+            "tiny-chat-q8_0.gguf": tiny_gguf,
+            "tiny-chat-q6_k-00001-of-00002.gguf": b"GGUF",
+            "README.md": b"# tiny",
+        },
+    }
+    with FakeHub(repos) as fake:
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("KJARNI_CACHE_DIR", str(tmp_path / "kjarni-cache"))
+        monkeypatch.chdir(tmp_path)
+        yield fake
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", hub.HubReference("Qwen/Qwen2.5-0.5B-Instruct")),
+        ("Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M", hub.HubReference("Qwen/Qwen2.5-0.5B-Instruct-GGUF", quant="Q4_K_M")),
+        ("Qwen/Qwen2.5-0.5B-Instruct-GGUF", hub.HubReference("Qwen/Qwen2.5-0.5B-Instruct-GGUF", quant="Q4_K_M")),
+        ("org/repo:model-q8_0.gguf", hub.HubReference("org/repo", filename="model-q8_0.gguf")),
+        ("smollm2", None),
+        ("a/b/c", None),
+        ("./org/name", None),
+        ("org/na me", None),
+        ("org/..", None),
+    ],
+)
+def test_hub_references_are_read_as_llama_cpp_writes_them(text, expected):
+    assert hub.parse_reference(text) == expected
+
+
+def test_a_repo_id_downloads_into_the_standard_hf_cache_once_and_runs(fake_hub, tmp_path, tiny_files):
+    generator = Generator.builder("test-org/Tiny-Chat").cpu().quiet().build()
+    source = resolve("test-org/Tiny-Chat", quiet=True)
+    assert source.path.is_relative_to(tmp_path / "hf-cache" / "models--test-org--Tiny-Chat")
+    assert source.entry is None and source.name == "test-org/Tiny-Chat"
+    assert sorted(fake_hub.downloads()) == sorted(n for n in tiny_files)  # README.md not fetched
+    expected = Generator.builder().model_path(source.path).cpu().quiet().build().generate("the", max_tokens=8, temperature=0)
+    assert generator.generate("the", max_tokens=8, temperature=0) == expected
+    downloads = len(fake_hub.downloads())
+    Generator.builder("test-org/Tiny-Chat").cpu().quiet().build()
+    assert len(fake_hub.downloads()) == downloads  # the second build downloads nothing
+
+
+def test_a_model_another_tool_downloaded_is_reused_offline(fake_hub, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    # "Another tool": huggingface_hub itself, into the standard cache.
+    folder = huggingface_hub.snapshot_download("test-org/Tiny-Chat", cache_dir=tmp_path / "hf-cache", endpoint=fake_hub.url)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    before = len(fake_hub.requests)
+    source = resolve("test-org/Tiny-Chat", quiet=True)
+    assert source.path == Path(folder)
+    assert len(fake_hub.requests) == before  # offline means no request at all
+
+
+def test_offline_with_nothing_cached_says_so(fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotDownloadedError, match="HF_HUB_OFFLINE"):
+        resolve("test-org/Tiny-Chat", quiet=True)
+    with pytest.raises(ModelNotDownloadedError, match="HF_HUB_OFFLINE"):
+        resolve("test-org/Tiny-Chat-GGUF:Q4_K_M", quiet=True)
+    with pytest.raises(ModelNotDownloadedError, match="DownloadPolicy.NEVER"):
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+        resolve("test-org/Tiny-Chat", policy=DownloadPolicy.NEVER, quiet=True)
+    assert fake_hub.requests == []
+
+
+def test_a_gguf_repo_with_a_quant_tag_fetches_only_that_file(fake_hub, tiny_gguf):
+    source = resolve("test-org/Tiny-Chat-GGUF:q4_k_m", quiet=True)
+    assert source.path.name == "tiny-chat-q4_k_m.gguf" and source.path.read_bytes() == tiny_gguf
+    assert fake_hub.downloads() == ["tiny-chat-q4_k_m.gguf"]
+    generator = Generator.builder("test-org/Tiny-Chat-GGUF:Q4_K_M").cpu().quiet().build()
+    assert generator.model_name == "test-org/Tiny-Chat-GGUF:Q4_K_M"
+    assert fake_hub.downloads() == ["tiny-chat-q4_k_m.gguf"]  # reused
+
+
+def test_a_gguf_repo_without_a_tag_means_q4_k_m_and_a_file_can_be_named(fake_hub):
+    assert resolve("test-org/Tiny-Chat-GGUF", quiet=True).path.name == "tiny-chat-q4_k_m.gguf"
+    assert resolve("test-org/Tiny-Chat-GGUF:tiny-chat-q8_0.gguf", quiet=True).path.name == "tiny-chat-q8_0.gguf"
+
+
+def test_a_quant_the_repo_lacks_or_splits_is_refused_naming_the_files(fake_hub):
+    with pytest.raises(LoadFailedError, match="no .gguf file for Q2_K.*tiny-chat-q4_k_m.gguf"):
+        resolve("test-org/Tiny-Chat-GGUF:Q2_K", quiet=True)
+    with pytest.raises(LoadFailedError, match="split into 1 files.*llama-gguf-split"):
+        resolve("test-org/Tiny-Chat-GGUF:Q6_K", quiet=True)
+    assert fake_hub.downloads() == []
+
+
+def test_a_repo_the_hub_does_not_have_is_a_download_failure_naming_the_id(fake_hub):
+    from kjarni.errors import DownloadFailedError
+
+    with pytest.raises(DownloadFailedError, match="no local path.*Hugging Face repo id.*test-org/Nothing"):
+        resolve("test-org/Nothing", quiet=True)
+
+
+def test_registry_snapshots_go_to_the_standard_hf_cache_without_an_explicit_cache_dir(fake_hub, tmp_path):
+    assert sources.hf_cache_dir() == tmp_path / "hf-cache"
+    assert sources.hf_cache_dir(tmp_path / "mine") == tmp_path / "mine" / "hf"
