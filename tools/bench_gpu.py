@@ -174,6 +174,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     del ops.attention_single_max  # back to the class default
 
     verify_ms = _verify_costs(model, ops, cache, token, steps)
+    sampling = _sampling_costs(model, ops, cache, prompt, token, steps)
 
     result = {
         "shape": shape, "format": fmt, "context": context,
@@ -192,6 +193,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
         "weight_formats": sorted({f for w in _matrices(model) for f in w.formats}),
         "kv_cache_mb": round(cache.nbytes / 2**20, 1),
         "load_s": round(load_s, 2),
+        **sampling,
     }
     if ctx.has_timestamps:
         try:
@@ -216,15 +218,17 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     return result
 
 
-def _decode_ahead(model, cache, prompt, steps: int) -> float:
-    """Seconds for ``steps`` greedy tokens after the first, through kjarni.generate.generate_step."""
+def _decode_ahead(model, cache, prompt, steps: int, sampler=None) -> float:
+    """Seconds for ``steps`` tokens after the first (greedy unless ``sampler``), through
+    kjarni.generate.generate_step."""
     from kjarni.generate import generate_step
     from kjarni.sampling import make_sampler
 
     seconds = []
     for _ in range(2):  # the first run warms the bursts' pipelines and buffers
         cache.offset = len(prompt)  # the prompt's keys are already there: generate_step re-runs its last token
-        tokens = generate_step(model, prompt, make_sampler(0.0), np.random.default_rng(0), cache, max_tokens=steps + 1)
+        tokens = generate_step(model, prompt, sampler or make_sampler(0.0), np.random.default_rng(0), cache,
+                               max_tokens=steps + 1)
         next(tokens)
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -251,6 +255,46 @@ def _verify_costs(model, ops, cache, token: int, steps: int) -> dict[str, float]
             times[k].append(time.perf_counter() - t0)
             cache.trim(k + 1)
     return {str(k): round(1000 * float(np.median(v)), 3) for k, v in times.items()}
+
+
+def _sampling_costs(model, ops, cache, prompt, token: int, steps: int) -> dict:
+    """Sampled decode with the generator's default settings (temperature 0.7, top-k 50, top-p 0.9:
+    drawn on the GPU, kjarni/gpu/sampling.py) against greedy, and what the finite check folded into
+    argmax / top_k costs: decode tok/s with ``finite_check`` off, interleaved rounds, best of 3, and
+    the GPU time of one step's selection kernels from timestamps (one pass each, so a few us high)."""
+    from kjarni.sampling import make_sampler
+
+    variants = {"greedy": make_sampler(0.0), "sampled": make_sampler(0.7, top_k=50, top_p=0.9)}
+    best: dict[tuple[str, bool], float] = defaultdict(lambda: float("inf"))
+    for _ in range(3):
+        for check in (True, False):
+            ops.finite_check = check
+            for name, sampler in variants.items():
+                best[name, check] = min(best[name, check], _decode_ahead(model, cache, prompt, steps, sampler))
+    kernels: dict[str, dict[str, float]] = {}
+    if ops.context.has_timestamps:
+        choose = {"argmax": ops.argmax_ahead, "top_k+sample": lambda x: ops.sample_ahead(x, variants["sampled"], 0.5)}
+        for check in (True, False):
+            ops.finite_check = check
+            for name, select in choose.items():
+                cache.offset = len(prompt)
+                logits = model.forward([token], cache)
+                ops.context.profile(True)  # submits the forward first: only the selection is timed
+                ops.read_tokens([select(logits)])
+                us = 1e6 * sum(seconds for _, seconds in ops.context.stats.kernel_times)
+                ops.context.profile(False)
+                kernels.setdefault(name, {})["us_checked" if check else "us_unchecked"] = round(us, 1)
+    del ops.finite_check  # back to the class default (on)
+    return {
+        "decode_tok_s_sampled": round(steps / best["sampled", True], 1),
+        "sampled_over_greedy": round(best["greedy", True] / best["sampled", True], 3),
+        "finite_check": {
+            "decode_tok_s_greedy": [round(steps / best["greedy", c], 1) for c in (True, False)],
+            "decode_tok_s_sampled": [round(steps / best["sampled", c], 1) for c in (True, False)],
+            "order": "[with the check, without]",
+            "kernels": kernels,
+        },
+    }
 
 
 def _warm_up(ops, model, prompt, cache, seconds: float = 1.0) -> None:
