@@ -218,11 +218,11 @@ def generate_step(
     prompt = [int(t) for t in prompt_ids]
     if kv_cache.offset >= len(prompt):
         kv_cache.trim(kv_cache.offset - len(prompt) + 1)
-    history = list(prompt)
     logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
     if _runs_ahead(model.ops, sampler, logprobs):
         yield from _decode_ahead(model, kv_cache, logits, prompt, sampler, rng, max_tokens)
         return
+    history = list(prompt)
     while True:
         step = step_name(len(history) - len(prompt), len(prompt))
         token, logprob = choose_token(model, logits, sampler, history, rng, logprobs=logprobs, step=step)
@@ -258,7 +258,7 @@ def _decode_ahead(
     reused, so tokens and draws are the step-by-step loop's. Uniforms drawn for steps a consumer
     never asks for are lost: ``rng`` ends up to ``decode_ahead - 1`` draws further on."""
     ops = model.ops
-    history = list(prompt)
+    generated: list[int] = []
     spare: deque[float] = deque()  # uniforms of dropped steps, for the steps that replace them
 
     def choose(step_logits: Activation) -> tuple:  # (handle, logits kept for a CPU draw, uniform)
@@ -286,13 +286,13 @@ def _decode_ahead(
                 undecided = token == UNDECIDED
                 if undecided:
                     _, step_logits, draw = pending[i]
-                    token, _ = sampler.sample(ops.read(step_logits)[0], history, FixedDraw(draw))
+                    token, _ = sampler.sample(ops.read(step_logits)[0], prompt + generated, FixedDraw(draw))
                     spare.extendleft(reversed([d for _, _, d in pending[i + 1 :]]))
                     kv_cache.trim(kv_cache.offset - (len(prompt) + produced))  # what fed this step
                     last, chosen = [token], produced + 1
                 else:
                     checked_ids(model, ids, step_name(produced, len(prompt)))
-                history.append(token)
+                generated.append(token)
                 produced += 1
                 yield token, None
                 if undecided:
