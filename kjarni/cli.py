@@ -3,6 +3,7 @@
     kjarni generate "Once upon a time" --max-tokens 50 --seed 1
     kjarni generate --chat "What is the capital of France?"
     kjarni chat --system "Answer in one sentence."
+    kjarni serve --model smollm2-135m-instruct --port 8000
     echo "def fib(n):" | kjarni generate - --preset generator_code_v1
     kjarni generate "def quicksort(xs):" --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --greedy
     kjarni models
@@ -89,6 +90,19 @@ def _parser() -> _Parser:
         description="Chat with a model in the terminal through its chat template: /reset, /system TEXT, /exit; "
                     "Ctrl-C stops an answer, Ctrl-D leaves. The prefix cache is on, so each turn prefills only what is new.")
     chat.add_argument("--system", metavar="TEXT", help="the system message the conversation starts with")
+
+    serve = commands.add_parser(
+        "serve", parents=[common, model_options, sampling], help="an OpenAI-compatible HTTP server for a model",
+        description="Serve one model over OpenAI's HTTP API (/v1/models, /v1/completions, /v1/chat/completions, "
+                    "/health) with uvicorn; needs `pip install kjarni[serve]`. The sampling flags set the defaults "
+                    "requests start from. See docs/serving.md.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (default: $KJARNI_API_KEY, else none)")
+    serve.add_argument("--max-queue", type=int, metavar="N", help="requests that may wait behind the running one before 429 (default 64)")
+    serve.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted (default 4 MiB)")
+    serve.add_argument("--ray", action="store_true", help="run on Ray Serve, one model per replica (pip install kjarni[ray])")
+    serve.add_argument("--replicas", type=int, metavar="N", help="with --ray: how many replicas (default 1)")
 
     commands.add_parser("models", parents=[common], help="list known models, their sizes and what is cached",
                         description="List the registry's models with sizes and whether each is in the cache.")
@@ -228,6 +242,34 @@ def _chat(args: argparse.Namespace) -> int:
     return chat_repl.run(generator, system=args.system)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from kjarni import serve
+
+    if args.replicas is not None and not args.ray:
+        raise _UsageError("--replicas needs --ray")
+    if args.replicas is not None and args.replicas < 1:
+        raise _UsageError(f"--replicas {args.replicas} must be >= 1")
+    if not 0 < args.port < 65536:
+        raise _UsageError(f"--port {args.port} is not a port number (1-65535)")
+    options = {
+        "api_key": args.api_key or os.environ.get("KJARNI_API_KEY") or None,
+        "max_queue": serve.DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue,
+        "max_body_bytes": serve.DEFAULT_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes,
+    }
+    if options["max_queue"] < 0 or options["max_body_bytes"] < 1:
+        raise _UsageError("--max-queue must be >= 0 and --max-body-bytes >= 1")
+    builder = _model_builder(args).prefix_cache(True)
+    if args.ray:
+        from kjarni.serve import ray as ray_serve
+
+        ray_serve.run(builder, device=args.device or "auto", replicas=args.replicas or 1, host=args.host, port=args.port,
+                      **options)
+        return EXIT_OK
+    app = serve.create_app(load=builder.build, **options)
+    serve.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    return EXIT_OK
+
+
 def _models(args: argparse.Namespace) -> int:
     from kjarni import registry, sources
     from kjarni.progress import format_bytes
@@ -292,7 +334,7 @@ def _parity(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"generate": _generate, "chat": _chat, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
+_COMMANDS = {"generate": _generate, "chat": _chat, "serve": _serve, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
 
 
 # ---------------------------------------------------------------- entry point
@@ -310,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         debug = args.debug if hasattr(args, "debug") else debug
         if args.command is None:
-            raise _UsageError("a command is needed: generate, chat, models, pull, presets or parity (see `kjarni --help`)")
+            raise _UsageError("a command is needed: generate, chat, serve, models, pull, presets or parity (see `kjarni --help`)")
         return _COMMANDS[args.command](args)
     except _UsageError as error:
         return _fail(f"error: {error}", EXIT_USAGE, debug)

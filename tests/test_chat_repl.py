@@ -10,13 +10,12 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kjarni import chat_repl
 from kjarni.generator import Generator
-from tests.test_api import make_tiny_model, write_tiny_tokenizer
-from tests.tiny_models import random_state_dict, save_safetensors_model, tiny_config, write_chat_template
+from tests.serve_fixtures import make_endless_model
+from tests.test_api import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,26 +88,7 @@ def test_a_failing_turn_leaves_the_conversation_as_it_was(tiny: Generator) -> No
 
 @pytest.fixture(scope="module")
 def endless_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model that never ends a turn: its only non-zero logits are +h and -h on the letters a and b
-    (h the first component of the final hidden state), so greedy writes a or b until max_tokens."""
-    config = tiny_config(vocab_size=300, max_position_embeddings=8192)
-    tensors = random_state_dict(config, seed=3)
-    folder = tmp_path_factory.mktemp("endless")
-    norm = np.zeros_like(tensors["model.norm.weight"])
-    norm[0] = 1.0
-    tensors["model.norm.weight"] = norm
-    save_safetensors_model(folder, config, tensors)  # written once to get the tokenizer's ids
-    write_tiny_tokenizer(folder)
-    write_chat_template(folder)
-    from tokenizers import Tokenizer
-
-    ids = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    a, b = ids.token_to_id("a"), ids.token_to_id("b")
-    head = np.zeros_like(tensors["lm_head.weight"])
-    head[a, 0], head[b, 0] = 1.0, -1.0
-    tensors["lm_head.weight"] = head
-    save_safetensors_model(folder, config, tensors)
-    return folder
+    return make_endless_model(tmp_path_factory.mktemp("endless"))
 
 
 class Output:
