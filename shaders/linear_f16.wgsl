@@ -3,14 +3,12 @@
 // w_a: rows of f16 pairs, each row padded to a multiple of 8 values (one vec4<u32> = 8 weights);
 // w_b unused. Entry points and grids: linear_body.wgsl.
 
-@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> w_b: array<u32>;
+// #include block_f16.wgsl
 
 // Weights c8*8 .. c8*8+7 of `row` (columns past `cols` are the zero padding).
 fn load_w8(row: u32, c8: u32) -> W8 {
-    let q = w_a[row * ((params.cols + 7u) / 8u) + c8];
-    return W8(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)),
-              vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)));
+    let v = unit_values(row, c8);
+    return W8(v[0], v[1]);
 }
 
 // #include linear_body.wgsl

@@ -3,13 +3,12 @@
 // w_a: rows of f32, each row padded to a multiple of 8 values (two vec4<f32>); w_b unused.
 // Entry points and grids: linear_body.wgsl.
 
-@group(0) @binding(2) var<storage, read> w_a: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> w_b: array<u32>;
+// #include block_f32.wgsl
 
 // Weights c8*8 .. c8*8+7 of `row` (columns past `cols` are the zero padding).
 fn load_w8(row: u32, c8: u32) -> W8 {
-    let i = (row * ((params.cols + 7u) / 8u) + c8) * 2u;
-    return W8(w_a[i], w_a[i + 1u]);
+    let v = unit_values(row, c8);
+    return W8(v[0], v[1]);
 }
 
 // #include linear_body.wgsl

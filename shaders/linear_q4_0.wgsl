@@ -6,22 +6,5 @@
 // workgroup per row; quant.shader_source() keeps the one the device can run. Tokens go TILE at a
 // time so each dequantized weight serves the whole tile.
 
-// Q4_0: w_a = 4 words (16 qs bytes) per block, w_b = block scales d as f16 pairs (kjarni/gpu/quant.py).
-// A unit is one qs word i of block b: values 4i .. 4i + 3 (low nibbles) and 16 + 4i .. (high), each d * (q - 8).
-const UNIT: u32 = 8u;
-
-fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
-    let nb = params.cols / 32u;
-    let blk = u / 4u;
-    let q = w_a[row * (nb * 4u) + u];
-    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
-    let lo = vec4<f32>(unpack4xU8(q & 0x0F0F0F0Fu)) - 8.0;
-    let hi = vec4<f32>(unpack4xU8((q >> 4u) & 0x0F0F0F0Fu)) - 8.0;
-    return array<vec4<f32>, 2>(d * lo, d * hi);
-}
-
-fn unit_col(u: u32, k: u32) -> u32 {
-    return (u / 4u) * 32u + (u % 4u) * 4u + 16u * k;
-}
-
+// #include block_q4_0.wgsl
 // #include linear_quant_body.wgsl

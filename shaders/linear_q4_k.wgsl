@@ -6,55 +6,5 @@
 // workgroup per row; quant.shader_source() keeps the one the device can run. Tokens go TILE at a
 // time so each dequantized weight serves the whole tile.
 
-// Q4_K: 256-value blocks. w_a = 32 words (128 qs bytes) per block: byte 32j + l holds value
-// 64j + l (low nibble) and 64j + 32 + l (high); w_b = 4 words per block: (d, dmin) f16 pair, then
-// the 12 GGUF bytes of eight 6-bit sub-block scales sc and mins m (kjarni/gpu/quant.py).
-// Value v = (d * sc[v / 32]) * q - dmin * m[v / 32]. A unit is qs words 2v', 2v' + 1 of a block
-// (v' = 0 .. 15): 16 values of sub-blocks 2j and 2j + 1, j = v' / 4.
-const UNIT: u32 = 16u;
-
-fn scale_byte(s: u32, k: u32) -> u32 {
-    return (w_b[s + 1u + k / 4u] >> (8u * (k % 4u))) & 0xFFu;
-}
-
-// (sc, m) of sub-block j from the block's side data at word s (GGUF get_scale_min_k4).
-fn scale_min(s: u32, j: u32) -> vec2<f32> {
-    if (j < 4u) {
-        return vec2<f32>(f32(scale_byte(s, j) & 63u), f32(scale_byte(s, j + 4u) & 63u));
-    }
-    let packed = scale_byte(s, j + 4u);
-    let sc = (packed & 15u) | ((scale_byte(s, j - 4u) >> 6u) << 4u);
-    let m = (packed >> 4u) | ((scale_byte(s, j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
-
-fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 4> {
-    let nb = params.cols / 256u;
-    let blk = u / 16u;
-    let v = u % 16u;
-    let j = v / 4u;
-    let a = row * (nb * 32u) + blk * 32u + 2u * v;
-    let s = row * (nb * 4u) + blk * 4u;
-    let dd = unpack2x16float(w_b[s]);
-    let sm_lo = scale_min(s, 2u * j);
-    let sm_hi = scale_min(s, 2u * j + 1u);
-    let d_lo = dd.x * sm_lo.x;
-    let m_lo = dd.y * sm_lo.y;
-    let d_hi = dd.x * sm_hi.x;
-    let m_hi = dd.y * sm_hi.y;
-    let q0 = w_a[a];
-    let q1 = w_a[a + 1u];
-    return array<vec4<f32>, 4>(
-        d_lo * vec4<f32>(unpack4xU8(q0 & 0x0F0F0F0Fu)) - m_lo,
-        d_lo * vec4<f32>(unpack4xU8(q1 & 0x0F0F0F0Fu)) - m_lo,
-        d_hi * vec4<f32>(unpack4xU8((q0 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
-        d_hi * vec4<f32>(unpack4xU8((q1 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
-    );
-}
-
-fn unit_col(u: u32, k: u32) -> u32 {
-    let v = u % 16u;
-    return (u / 16u) * 256u + (v / 4u) * 64u + (k / 2u) * 32u + (v % 4u) * 8u + (k % 2u) * 4u;
-}
-
+// #include block_q4_k.wgsl
 // #include linear_quant_body.wgsl

@@ -6,44 +6,5 @@
 // workgroup per row; quant.shader_source() keeps the one the device can run. Tokens go TILE at a
 // time so each dequantized weight serves the whole tile.
 
-// Q6_K: 256-value blocks. w_a = 48 words per block: ql (32 words) then qh (16 words); w_b = 5 words
-// per block: 16 int8 scales, then d (low f16) (kjarni/gpu/quant.py). Value 128h + 32k + l
-// (h < 2, k < 4, l < 32) has low 4 bits in ql byte 64h + 32(k % 2) + l (nibble k / 2) and high 2
-// bits in qh byte 32h + l (bits 2k, 2k + 1): (d * scale[v / 16]) * (q - 32).
-// A unit is (h, i), i < 8: l = 4i .. 4i + 3 for all four k, 16 values from 3 words.
-const UNIT: u32 = 16u;
-
-fn q6(ql: u32, qh: u32, k: u32) -> vec4<f32> {
-    let lo = (ql >> (4u * (k / 2u))) & 0x0F0F0F0Fu;
-    let hi = ((qh >> (2u * k)) & 0x03030303u) << 4u;
-    return vec4<f32>(unpack4xU8(lo | hi)) - 32.0;
-}
-
-fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 4> {
-    let nb = params.cols / 256u;
-    let blk = u / 16u;
-    let h = (u % 16u) / 8u;
-    let i = u % 8u;
-    let a = row * (nb * 48u) + blk * 48u;
-    let ql0 = w_a[a + 16u * h + i];
-    let ql1 = w_a[a + 16u * h + 8u + i];
-    let qh = w_a[a + 32u + 8u * h + i];
-    let s = row * (nb * 5u) + blk * 5u;
-    let d = unpack2x16float(w_b[s + 4u]).x;
-    // scale of k is byte 8h + 2k + i / 4: words 2h (k = 0, 1) and 2h + 1 (k = 2, 3)
-    let sw0 = i32(w_b[s + 2u * h]);
-    let sw1 = i32(w_b[s + 2u * h + 1u]);
-    let b = 8u * (i / 4u);
-    return array<vec4<f32>, 4>(
-        (d * f32(extractBits(sw0, b, 8u))) * q6(ql0, qh, 0u),
-        (d * f32(extractBits(sw0, b + 16u, 8u))) * q6(ql1, qh, 1u),
-        (d * f32(extractBits(sw1, b, 8u))) * q6(ql0, qh, 2u),
-        (d * f32(extractBits(sw1, b + 16u, 8u))) * q6(ql1, qh, 3u),
-    );
-}
-
-fn unit_col(u: u32, k: u32) -> u32 {
-    return (u / 16u) * 256u + ((u % 16u) / 8u) * 128u + 32u * k + 4u * (u % 8u);
-}
-
+// #include block_q6_k.wgsl
 // #include linear_quant_body.wgsl

@@ -19,8 +19,7 @@ struct Params {
 }
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // [tokens, cols / 4] (cols is a multiple of 32); [tokens, 2 cols / 4] with flags bit 3
-@group(0) @binding(2) var<storage, read> w_a: array<u32>;          // packed quants, [rows, words_a]
-@group(0) @binding(3) var<storage, read> w_b: array<u32>;          // scales / mins, [rows, words_b]
+// bindings 2 and 3 (w_a, w_b): the format's block decoder (block_<format>.wgsl)
 @group(0) @binding(4) var<storage, read> bias: array<f32>;         // [y_stride] when flags bit 0
 @group(0) @binding(5) var<storage, read> residual: array<f32>;     // [tokens, y_stride] when flags bit 1
 @group(0) @binding(6) var<storage, read> norm_weight: array<vec4<f32>>;  // [cols / 4] when flags bit 2

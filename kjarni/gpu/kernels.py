@@ -5,6 +5,11 @@ A shader may contain two directives, written as WGSL comments so every file stay
 - ``// #include other.wgsl`` pastes another file of the package (shared kernel bodies);
 - ``// #if FLAG`` / ``// #else`` / ``// #endif`` keeps one side depending on the variant's flags
   (``subgroup`` when the device has subgroup operations, ``kv_f16`` for a half-precision KV cache).
+
+New kernels are written once as a template, ``shaders/<op>.tmpl.wgsl``, whose ``{{NAME}}`` fields
+are filled from the variant table of this module (`TEMPLATES`) before the directives above run:
+`template` renders one variant. The first is the decode matrix-vector product, one variant per
+weight format, each pasting its format's block decoder (`BLOCKS`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,35 @@ def exists(stem: str) -> bool:
 def source(stem: str, flags: frozenset[str] = frozenset()) -> str:
     """``shaders/<stem>.wgsl`` with includes pasted and ``#if`` blocks resolved for ``flags``."""
     return _preprocess(raw_source(stem + ".wgsl"), flags, stem)
+
+
+BLOCKS: dict[str, str] = {
+    "f32": "block_f32", "f16": "block_f16", "Q4_0": "block_q4_0", "Q4_1": "block_q4_1", "Q5_0": "block_q5_0",
+    "Q5_1": "block_q5_1", "Q8_0": "block_q8_0", "Q4_K": "block_q4_k", "Q6_K": "block_q6_k",
+}
+"""Weight format -> its block decoder (``shaders/block_<format>.wgsl``): the weight bindings, ``UNIT``,
+``unit_values(row, u)`` and ``unit_col(u, k)``; pasted by the linear kernels of that format."""
+
+TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
+    "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+}
+"""Template -> variant -> the values of its ``{{NAME}}`` fields."""
+
+
+def has_template(op: str, variant: str) -> bool:
+    return variant in TEMPLATES.get(op, {})
+
+
+@functools.cache
+def template(op: str, variant: str, flags: frozenset[str] = frozenset()) -> str:
+    """``shaders/<op>.tmpl.wgsl`` with the fields of ``TEMPLATES[op][variant]`` filled in, then
+    includes pasted and ``#if`` blocks resolved for ``flags``."""
+    text = raw_source(op + ".tmpl.wgsl")
+    for name, value in TEMPLATES[op][variant].items():
+        text = text.replace("{{" + name + "}}", value)
+    if "{{" in text:
+        raise ValueError(f"{op}.tmpl.wgsl: unfilled field in variant {variant!r}")
+    return _preprocess(text, flags, f"{op}.tmpl.wgsl[{variant}]")
 
 
 def _preprocess(text: str, flags: frozenset[str], where: str) -> str:

@@ -231,6 +231,10 @@ class WgpuOps:
     matvec_t_configs: ClassVar[dict[tuple[int, int], tuple[int, int]]] = {}
     quant_split_k_min_cols: int | None = None  # quantized decode rows this long: a workgroup per row (SPLIT_K)
     quant_split_k_threads = 256  # threads sharing a row with SPLIT_K
+    # One-token products (decode): matvec.tmpl.wgsl; per (format, rows, cols) of a segment ->
+    # (WG, LANES, R, UN) from tools/sweep_matvec.py, else `matvec_config`'s defaults.
+    matvec_template = True
+    matvec_template_configs: ClassVar[dict[tuple[str, int, int], tuple[int, int, int, int]]] = {}
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
@@ -524,6 +528,18 @@ class WgpuOps:
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit}
             pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants=constants)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
+        config = self.matvec_config(seg.format, seg.rows, cols) if tokens == 1 else None
+        if config is not None:
+            # One token (decode): matvec.tmpl.wgsl rendered for the format (its block decoder).
+            threads, lanes, r, un = config
+            fmt = seg.format
+
+            def source_mv() -> str:
+                return kernels.template("matvec", fmt)
+
+            constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un}
+            pipeline = ctx.pipeline("matvec." + fmt, LINEAR_KINDS, constants=constants, source=source_mv)
+            return pipeline, params, _fold(-(-seg.rows // (r * threads // lanes)))
         if not seg.dense:
             if self.quant_t_min_tokens <= tokens <= self.matvec_max_tokens and ctx.has_subgroups:
                 # Several tokens: `main_t` dequantizes each unit once for up to 4 x tiles tokens.
@@ -588,6 +604,22 @@ class WgpuOps:
             return pipeline, params, _fold(-(-seg.rows // self.matvec_rows))
         pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matmul")
         return pipeline, params, (-(-seg.rows // 64), -(-tokens // 64), 1)
+
+    def matvec_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int] | None:
+        """(WG, LANES, R, UN) of matvec.tmpl.wgsl for a one-token product of a ``rows`` x ``cols``
+        segment in ``fmt``, or None where it does not apply (no subgroups, ``cols`` not a multiple
+        of 8, ``matvec_template`` off): ``matvec_template_configs`` first (per (format, rows, cols),
+        from tools/sweep_matvec.py), else rows of up to 2048 columns take one subgroup-wide group
+        of 32 lanes per R rows, longer rows split over ``WG`` lanes."""
+        if not (self.matvec_template and self.context.has_subgroups and cols % 8 == 0 and kernels.has_template("matvec", fmt)):
+            return None
+        config = self.matvec_template_configs.get((fmt, rows, cols))
+        if config is not None:
+            return config
+        r = 4 if rows >= 4096 else 2 if rows >= 1024 else 1
+        if cols <= 2048:
+            return 128, 32, r, 2
+        return 128, 128, r, 2
 
     def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
         return tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower())

@@ -1,0 +1,25 @@
+// block_q4_1: the Q4_1 block decoder (layout: kjarni/gpu/quant.py), shared by the linear kernels
+// (linear_q4_1.wgsl, matvec.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
+// UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
+// k-th vec4). Reads params.cols.
+
+@group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
+
+// Q4_1: w_a = 4 words (16 qs bytes) per block, w_b = one word per block: d (low f16), m (high f16)
+// (kjarni/gpu/quant.py). A unit is one qs word i of block b: values 4i .. 4i + 3 (low nibbles) and
+// 16 + 4i .. (high), each d * q + m.
+const UNIT: u32 = 8u;
+
+fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
+    let nb = params.cols / 32u;
+    let q = w_a[row * (nb * 4u) + u];
+    let dm = unpack2x16float(w_b[row * nb + u / 4u]);
+    let lo = vec4<f32>(unpack4xU8(q & 0x0F0F0F0Fu));
+    let hi = vec4<f32>(unpack4xU8((q >> 4u) & 0x0F0F0F0Fu));
+    return array<vec4<f32>, 2>(dm.x * lo + dm.y, dm.x * hi + dm.y);
+}
+
+fn unit_col(u: u32, k: u32) -> u32 {
+    return (u / 4u) * 32u + (u % 4u) * 4u + 16u * k;
+}

@@ -1,0 +1,23 @@
+// block_q8_0: the Q8_0 block decoder (layout: kjarni/gpu/quant.py), shared by the linear kernels
+// (linear_q8_0.wgsl, matvec.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
+// UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
+// k-th vec4). Reads params.cols.
+
+@group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
+
+// Q8_0: w_a = 8 words (32 int8 values) per block, w_b = block scales d as f16 pairs (kjarni/gpu/quant.py).
+// A unit is two words of the row: values 8u .. 8u + 7, each d * q.
+const UNIT: u32 = 8u;
+
+fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
+    let nb = params.cols / 32u;
+    let a = row * (nb * 8u) + 2u * u;
+    let blk = u / 4u;
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
+    return array<vec4<f32>, 2>(vec4<f32>(unpack4xI8(w_a[a])) * d, vec4<f32>(unpack4xI8(w_a[a + 1u])) * d);
+}
+
+fn unit_col(u: u32, k: u32) -> u32 {
+    return 8u * u + 4u * k;
+}

@@ -1,0 +1,129 @@
+"""The decode matrix-vector template (shaders/matvec.tmpl.wgsl) against numpy, every weight format.
+
+Each format's variant of the template is rendered from kjarni.gpu.kernels' variant table and
+dispatched through `WgpuOps` as a decode step does (one token); the reference is NumpyOps on the
+dequantized weight (the numpy backend's own arithmetic). Rows are odd (not a multiple of any
+row tile), columns a multiple of the block only, and every configuration family runs: one
+subgroup-wide group per row tile, groups narrower than a subgroup (xor reduction only), and
+groups spanning several subgroups (through workgroup memory).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from kjarni.gpu import kernels
+from kjarni.numpy_ops import NumpyOps
+from tests.test_gpu_quant import random_quant
+
+T = gguf.GGMLQuantizationType
+FORMATS = ["f32", "f16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"]
+CONFIGS = [(128, 32, 4, 2), (128, 32, 1, 1), (64, 8, 2, 2), (256, 256, 4, 1), (32, 32, 2, 2), (128, 64, 1, 2)]
+REF = NumpyOps()
+
+
+@pytest.fixture(scope="module")
+def ops(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec.tmpl.wgsl needs subgroups")
+    return WgpuOps(wgpu_context, weight_format="f32")
+
+
+def make_weight(ops, fmt: str, rows: int, cols: int, seed: int):
+    """(GPU weight, its float32 values as numpy sees them)."""
+    rng = np.random.default_rng(seed)
+    if fmt in ("f32", "f16"):
+        w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
+        if fmt == "f16":
+            w = w.astype(np.float16).astype(np.float32)
+        ops.weight_format = fmt
+        try:
+            return ops.weight(w, name=f"w{seed}"), w
+        finally:
+            ops.weight_format = "f32"
+    qt = random_quant(T[fmt], rows, cols, seed=seed)
+    return ops.weight(qt, name=f"w{seed}"), qt.dequantize().astype(np.float32)
+
+
+def upload(ops, a):
+    from kjarni.gpu.ops import GpuTensor
+
+    t = GpuTensor(ops.context.scratch(a.nbytes), a.shape)
+    ops.context.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, np.float32))
+    return t
+
+
+def kernel_of(ops, weight, tokens=1) -> str:
+    seg = weight.segments[0]
+    pipeline, _, _ = ops._linear_plan(seg, weight.shape[1], weight.shape[0], tokens, 0, 0.0)
+    return pipeline.kjarni_name
+
+
+def cols_for(fmt: str) -> list[int]:
+    return [512, 1536] if fmt in ("Q4_K", "Q6_K") else [96, 2080] if fmt.startswith("Q") else [72, 2056]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt):
+    rng = np.random.default_rng(1)
+    for cols in cols_for(fmt):
+        rows = 37
+        weight, w = make_weight(ops, fmt, rows, cols, seed=cols)
+        assert kernel_of(ops, weight) == f"matvec.{fmt}:main"
+        bias = ops.weight(rng.standard_normal(rows).astype(np.float32), name="b")
+        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+        norm = ops.weight(nw, name="nw")
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        gate_up = rng.standard_normal((1, 2 * cols)).astype(np.float32)
+        res = rng.standard_normal((1, rows)).astype(np.float32)
+        bvec = np.frombuffer(ops.context.queue.read_buffer(bias.buffer), np.float32)[:rows]
+        scale = float(np.abs(x).sum() * np.abs(w).max())  # a bound on |y|: errors relative to it
+        for config in CONFIGS:
+            ops.matvec_template_configs = {(fmt, rows, cols): config}
+            weight.plans.clear()
+            cases = [
+                (ops.linear(upload(ops, x), weight), REF.linear(x, w)),
+                (ops.linear(upload(ops, x), weight, bias, upload(ops, res)), REF.linear(x, w, bvec, res)),
+                (ops.norm_linear(upload(ops, x), norm, 1e-5, weight, bias), REF.norm_linear(x, nw, 1e-5, w, bvec)),
+                (ops.linear(ops.silu_mul(upload(ops, gate_up)), weight, residual=upload(ops, res)),
+                 REF.linear(REF.silu_mul(gate_up), w, None, res)),
+            ]
+            for i, (got, want) in enumerate(cases):
+                np.testing.assert_allclose(ops.read(got), want, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
+                                           err_msg=f"{fmt} {rows}x{cols} config {config} case {i}")
+    ops.matvec_template_configs = {}
+
+
+@pytest.mark.gpu
+def test_matvec_template_on_a_vocabulary_sized_lm_head(ops):
+    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration."""
+    rows, cols = 151936, 64
+    weight, w = make_weight(ops, "f16", rows, cols, seed=3)
+    assert kernel_of(ops, weight) == "matvec.f16:main"
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
+    np.testing.assert_allclose(got, REF.norm_linear(x, nw, 1e-6, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_several_tokens_and_columns_not_a_multiple_of_8_keep_the_older_kernels(ops):
+    weight, _ = make_weight(ops, "f16", 40, 64, seed=4)
+    assert kernel_of(ops, weight, tokens=3) == "linear_f16:matvec_t"
+    odd, _ = make_weight(ops, "f16", 40, 60, seed=5)
+    assert not kernel_of(ops, odd).startswith("matvec.")
+
+
+def test_every_format_with_a_linear_kernel_has_a_block_decoder_for_the_template():
+    from kjarni.gpu import quant
+
+    assert set(kernels.BLOCKS) == {"f32", "f16"} | {t.name for t in quant.SUPPORTED}
+    for fmt in kernels.BLOCKS:
+        text = kernels.template("matvec", fmt, frozenset({"subgroup"}))
+        assert "{{" not in text and "fn unit_values" in text and "fn main" in text
