@@ -401,6 +401,8 @@ def _apply_tuning(path: str) -> dict:
     tuning = json.loads(Path(path).read_text())
     WgpuOps.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in tuning.get("matvec_configs", [])}
     WgpuOps.quant_split_k_min_cols = tuning.get("quant_split_k_min_cols")
+    WgpuOps.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
+                                       for f, r, c, wg, lanes, rr, un in tuning.get("matvec_template_configs", [])}
     return tuning
 
 

@@ -8,7 +8,10 @@ queries around one compute pass of ``--reps`` back-to-back dispatches (median of
 passes). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
 decode step reads every layer's weights once. Every variant's output is checked against numpy.
 
-Variants (shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
+Variants (shaders/matvec.tmpl.wgsl, shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
+- every format ``mv WG=w L=l R=r UN=u``: the decode template (w threads in row groups of l lanes,
+  r rows a group, u units a trip); the report's ``matvec_template_configs`` lists the best per
+  (shape, format) as WgpuOps.matvec_template_configs takes them (``--tuning-out`` writes them too).
 - f16 ``sg R=r``: ``matvec_sg`` (a subgroup per r rows, 256 threads); ``wg``: ``matvec`` (the
   workgroup split-K with R = 4); ``u WG=w R=r U=u``: ``matvec_u`` (w threads on r rows, u chunks of
   8 columns per thread per step, loads issued before use).
@@ -31,6 +34,10 @@ records ``"tokens"`` and ``"suggest"`` names the matvec_t / main_t settings of t
 (``--tuning-out`` is for one token only). ``--variants t,u`` keeps only the variants whose label
 starts with one of the given words (families: f16 sg, wg, u, t; quantized sg, sgfold, split, t).
 
+``--model`` picks whose decode matrices (Qwen2.5-0.5B by default, Qwen2.5-1.5B, SmolLM2-135M).
+The report starts with ``empty_dispatch_us``, one dispatch of an empty one-workgroup kernel in a
+chain of dependent dispatches: the floor of the small shapes (``us_over_empty_dispatch`` per best).
+
 Then (unless ``--no-prefill``) runs ``tools/bench_gpu.py --prefill-only`` for the per-kernel GPU
 time of one 512-token prefill. Prints one JSON document (``--out`` also writes it) and a summary
 on stderr.
@@ -52,7 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kjarni.gpu import quant
+from kjarni.gpu import kernels, quant
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, _fold
 from kjarni.gpu.params import (
@@ -71,6 +78,43 @@ SHAPES = {  # name: (rows, cols, flags)
     "down": (896, 4864, LINEAR_SILU | LINEAR_RESIDUAL),
     "lm_head": (151936, 896, LINEAR_NORM),
 }
+MODELS = {  # --model: the decode matrices of other shapes (tools/bench_gpu.py's SHAPES)
+    "qwen2.5-0.5b": dict(SHAPES),
+    "qwen2.5-1.5b": {
+        "qkv": (2048, 1536, LINEAR_NORM | LINEAR_BIAS),
+        "o_proj": (1536, 1536, LINEAR_RESIDUAL),
+        "gate_up": (17920, 1536, LINEAR_NORM),
+        "down": (1536, 8960, LINEAR_SILU | LINEAR_RESIDUAL),
+        "lm_head": (151936, 1536, LINEAR_NORM),
+    },
+    "smollm2-135m": {
+        "qkv": (960, 576, LINEAR_NORM),
+        "o_proj": (576, 576, LINEAR_RESIDUAL),
+        "gate_up": (3072, 576, LINEAR_NORM),
+        "down": (576, 1536, LINEAR_SILU | LINEAR_RESIDUAL),
+        "lm_head": (49152, 576, LINEAR_NORM),
+    },
+}
+EMPTY_WGSL = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) i: u32) {
+    out[i] = out[i] + 1u;
+}
+"""
+
+
+def mv_configs(cols: int):
+    """(WG, LANES, R, UN) of matvec.tmpl.wgsl worth timing for rows of ``cols`` columns."""
+    for lanes in (16, 32, 64, 128, 256):
+        if lanes > 64 and cols < 2048:
+            continue  # rows too short to split that far
+        for wg in sorted({max(lanes, 64), 128, 256}):
+            if wg < lanes:
+                continue
+            for r in (1, 2, 4):
+                for un in (1, 2):
+                    yield wg, lanes, r, un
 EPS = 1e-6
 
 
@@ -187,6 +231,20 @@ class Bench:
         """Median seconds per dispatch over passes of reps dispatches cycling through groups."""
         return self.time_steps([(pipeline, groups, grid)], len(groups))
 
+    def empty_dispatch(self) -> float:
+        """Seconds per dispatch of a one-workgroup kernel in a chain of dependent dispatches (each
+        reads what the previous wrote): the floor under every small matvec of a decode step."""
+        import wgpu
+
+        usage = wgpu.BufferUsage.STORAGE
+        buf = self.dev.create_buffer(size=256, usage=usage)
+        pipeline = self.dev.create_compute_pipeline(
+            layout="auto", compute={"module": self.dev.create_shader_module(code=EMPTY_WGSL), "entry_point": "main"})
+        group = self.dev.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                           entries=[{"binding": 0, "resource": {"buffer": buf}}])
+        self.time(pipeline, [group], (1, 1, 1))  # compiles, warms up
+        return self.time(pipeline, [group], (1, 1, 1))
+
     def check(self, case: LinearCase, steps: list) -> float:
         """Runs ``steps`` once (first copy of the weight) and returns the output's largest error
         against numpy, relative to the largest reference value; then zeroes y, so a later variant
@@ -274,6 +332,11 @@ class Bench:
         ctx = self.ctx
         chunks = -(-cols // 8)
         quads = range(1, max(1, min(3, -(-tokens // 4))) + 1)  # token quads (tiles) a pass can use
+        fmt_name = fmt if fmt in ("f16", "f32") else fmt.upper()
+        for wg, lanes, r, un in mv_configs(cols):
+            p = ctx.pipeline("matvec." + fmt_name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "R": r, "UN": un},
+                             source=lambda f=fmt_name: kernels.template("matvec", f))
+            yield f"mv WG={wg} L={lanes} R={r} UN={un}", p, _fold(-(-rows // (r * wg // lanes)))
         if fmt == "f16":
             for r in (1, 2, 4):
                 p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_sg", constants={"R": r, "WG": 256})
@@ -356,7 +419,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--formats", default="f16,q8_0,q5_0,q4_k")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS), help="whose decode matrices")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="names of --model's matrices (all by default)")
     parser.add_argument("--tokens", type=int, default=1, help="tokens per product (> 1: also matvec_t / main_t)")
     parser.add_argument("--variants", default=None, help="only these label families, e.g. t,u (f16: sg wg u t; quantized: sg sgfold split t)")
     parser.add_argument("--reps", type=int, default=100, help="dispatches per timed pass")
@@ -376,7 +440,12 @@ def main() -> None:
         args.reps, args.passes, args.max_copies = 3, 1, 2
     bench = Bench(args)
     rng = np.random.default_rng(0)
-    report = {"adapter": bench.ctx.description, "tokens": args.tokens, "results": []}
+    SHAPES.clear()
+    SHAPES.update(MODELS[args.model])
+    empty = bench.empty_dispatch()
+    report = {"adapter": bench.ctx.description, "model": args.model, "tokens": args.tokens,
+              "empty_dispatch_us": round(empty * 1e6, 2), "results": []}
+    print(f"# empty dependent dispatch: {empty * 1e6:.2f} us", file=sys.stderr, flush=True)
     for name in args.shapes.split(","):
         rows, cols, flags = SHAPES[name]
         if args.quick:
@@ -395,8 +464,19 @@ def main() -> None:
             k = (r["shape"], r["format"])
             if k not in best or r["us"] < best[k]["us"]:  # not gb_s: rounded to 0.1, it ties on slow adapters
                 best[k] = r
-    report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"]}
+    report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"],
+                       "us_over_empty_dispatch": round(v["us"] - report["empty_dispatch_us"], 2)}
                       for k, v in best.items()]
+    # WgpuOps.matvec_template_configs from the best matvec.tmpl.wgsl variant per shape and format.
+    mv_best = {}
+    for r in report["results"]:
+        if "gb_s" in r and r["ok"] and r["variant"].startswith("mv "):
+            k = (r["shape"], r["format"])
+            if k not in mv_best or r["us"] < mv_best[k]["us"]:
+                mv_best[k] = r
+    report["matvec_template_configs"] = [
+        [f if f in ("f16", "f32") else f.upper(), *SHAPES[s][:2], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
+        for (s, f), v in mv_best.items()]
     # What kjarni should pick (WgpuOps.matvec_configs, quant_split_k_min_cols), from the winners.
     configs, split_cols, plain_cols = {}, [], []
     for r in report["best"]:
@@ -404,7 +484,7 @@ def main() -> None:
         if r["format"] == "f16" and r["variant"].startswith("u "):
             wg, rr, u = (int(part.split("=")[1]) for part in r["variant"].split()[1:])
             configs[f"({rows}, {cols})"] = f"({wg}, {rr}, {u})"
-        elif r["format"] != "f16":
+        elif r["format"] != "f16" and not r["variant"].startswith("mv "):
             (split_cols if r["variant"].startswith("split") else plain_cols).append(cols)
     report["suggest"] = {
         "matvec_configs": "{" + ", ".join(f"{k}: {v}" for k, v in configs.items()) + "}",
@@ -417,6 +497,7 @@ def main() -> None:
             "matvec_configs": [[*SHAPES[r["shape"]][:2], *(int(p.split("=")[1]) for p in r["variant"].split()[1:])]
                                for r in report["best"] if r["format"] == "f16" and r["variant"].startswith("u ")],
             "quant_split_k_min_cols": report["suggest"]["quant_split_k_min_cols"],
+            "matvec_template_configs": report["matvec_template_configs"],
         }))
     if not args.no_prefill:
         cmd = [sys.executable, str(Path(__file__).with_name("bench_gpu.py")), "--prefill-only", "--no-torch",
@@ -436,7 +517,8 @@ def main() -> None:
     print(text)
     print("BEST:", file=sys.stderr)
     for b in report["best"]:
-        print(f"  {b['shape']:8s} {b['format']:5s} {b['variant']:22s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s", file=sys.stderr)
+        print(f"  {b['shape']:8s} {b['format']:5s} {b['variant']:26s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s", file=sys.stderr)
+    print(f"  (empty dependent dispatch: {report['empty_dispatch_us']} us)", file=sys.stderr)
     if args.tokens > 1:
         print(f"{args.tokens} TOKENS: the best matvec_t / main_t, the best per-token kernel, WgpuOps' pick:", file=sys.stderr)
         for name, e in report["suggest"]["per_shape"].items():
