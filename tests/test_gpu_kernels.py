@@ -485,8 +485,11 @@ def test_params_layouts_match_the_wgsl_structs():
     from kjarni.gpu.params import KERNEL_PARAMS, LINEAR, STEP, STEP_KERNELS
 
     stems = dict(KERNEL_PARAMS)
-    for path in __import__("pathlib").Path(kernels.__file__).resolve().parents[2].joinpath("shaders").glob("*_q*.wgsl"):
+    shaders = __import__("pathlib").Path(kernels.__file__).resolve().parents[2].joinpath("shaders")
+    for path in [*shaders.glob("linear_q*.wgsl"), *shaders.glob("embed_q*.wgsl")]:
         stems.setdefault(path.stem, LINEAR)  # quantized linear/embed kernels share the linear Params
+    for fmt in kernels.BLOCKS:  # the decode matvec template, every format
+        assert kernels.struct_fields(kernels.template("matvec", fmt, frozenset({"subgroup"}))) == list(LINEAR.fields), fmt
     for stem, layout in stems.items():
         fields = kernels.struct_fields(kernels.source(stem, frozenset({"subgroup"})))
         assert fields == list(layout.fields), f"{stem}.wgsl struct Params differs from params.{layout.name}"

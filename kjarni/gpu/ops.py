@@ -21,6 +21,7 @@ from kjarni.gpu import sampling as gpu_sampling
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.params import (
     ATTENTION,
+    ATTENTION_STEP,
     ELEMENTWISE,
     LAYER_NORM,
     LINEAR,
@@ -103,6 +104,44 @@ class _SiluMulPending(GpuTensor):
 
     def __repr__(self) -> str:
         return f"GpuTensor{self.shape} (silu_mul pending)"
+
+
+class _RopePending(GpuTensor):
+    """``rope_store(qkv, ...)`` of one token not recorded yet: the next `attention` on it runs
+    attention_step.wgsl, which rotates q and k, stores k and v and attends in one dispatch. Anything
+    else that reads q (``buffer``, ``scratch``) records rope_store at that point (storing the same
+    k and v again is harmless), and a handle dropped with nothing stored records it then, so the
+    cache always receives the token's keys and values."""
+
+    __slots__ = ("qkv", "rope", "kv_cache", "layer", "start", "stored", "_ops", "_done")
+
+    def __init__(self, ops: "WgpuOps", qkv: GpuTensor, rope, kv_cache, layer: int, start: int, width: int) -> None:  # noqa: UP037
+        self.qkv, self.rope, self.kv_cache, self.layer, self.start = qkv, rope, kv_cache, layer, start
+        self.stored = False  # attention_step has written k and v
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._rope_store_now(self.qkv, self.rope, self.kv_cache, self.layer, self.start)
+            self.stored = True
+        return self._done
+
+    def __del__(self) -> None:
+        if not self.stored:
+            self._materialize()
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (rope_store pending)"
 
 
 class GpuTokens(DeviceTokens):
@@ -235,6 +274,8 @@ class WgpuOps:
     # (WG, LANES, R, UN) from tools/sweep_matvec.py, else `matvec_config`'s defaults.
     matvec_template = True
     matvec_template_configs: ClassVar[dict[tuple[str, int, int], tuple[int, int, int, int]]] = {}
+    fuse_rope = True  # one-token rope_store is recorded by the next attention (attention_step.wgsl)
+    attention_step_threads = 256  # threads of attention_step
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
@@ -684,6 +725,15 @@ class WgpuOps:
             )
         if rope is not None and (rope.kind != "table" or start + tokens > rope.shape[0] or rope.shape[1] > hd):
             raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
+        if tokens == 1 and self.fuse_rope and start + 1 <= min(self.attention_single_max, SINGLE_MAX_KEYS):
+            return _RopePending(self, qkv, rope, kv_cache, layer, start, heads * hd)  # attention_step does it
+        return self._rope_store_now(qkv, rope, kv_cache, layer, start)
+
+    def _rope_store_now(self, qkv: GpuTensor, rope: GpuWeight | None, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+        ctx = self.context
+        tokens, width = qkv.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = (width - 2 * kv * hd) // hd
         step = self._step(start)
         rotary_dim = 0 if rope is None else rope.shape[1]
         key = ("rope_store", tokens, heads, kv, hd, kv_cache.capacity, rotary_dim, kv_cache.kv_format)
@@ -721,6 +771,10 @@ class WgpuOps:
         self, q: GpuTensor, kv_cache: WgpuKVCache, layer: int, start: int, window: int | None = None
     ) -> GpuTensor:
         ctx = self.context
+        if type(q) is _RopePending:
+            if q.kv_cache is kv_cache and q.layer == layer and q.start == start and not q.stored:
+                return self._attention_step(q, window)
+            q = q._materialize()
         tokens, width = q.shape
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
         heads = width // hd
@@ -802,6 +856,32 @@ class WgpuOps:
             )
             grid = (-(-tokens // rows_per_group), heads, 1)
             ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+        return out
+
+    def _attention_step(self, pending: _RopePending, window: int | None) -> GpuTensor:
+        """rope_store + attention of one token in one dispatch (attention_step.wgsl)."""
+        ctx = self.context
+        kv_cache, rope, qkv = pending.kv_cache, pending.rope, pending.qkv
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = pending.shape[1] // hd
+        rotary_dim = 0 if rope is None else rope.shape[1]
+        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format)
+        plan = self._plans.get(key)
+        if plan is None:
+            params = ctx.uniform(ATTENTION_STEP.pack(
+                num_heads=heads, num_kv_heads=kv, head_dim=hd, capacity=kv_cache.capacity, rotary_dim=rotary_dim,
+                window=window or 0, scale=float(np.float32(1.0 / np.sqrt(hd))),
+            ))
+            pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=self._kv_flags(kv_cache),
+                                    constants={"HEAD_DIM": hd, "WG": self.attention_step_threads})
+            plan = self._plans[key] = (pipeline, params)
+        pipeline, params = plan
+        out = self._new(1, heads * hd)
+        table = ctx.dummy if rope is None else rope.buffer
+        buffers = (params, self._step(pending.start), qkv.buffer, table, kv_cache.keys[pending.layer],
+                   kv_cache.values[pending.layer], out.buffer)
+        ctx.dispatch(pipeline, buffers, (heads, 1, 1))
+        pending.stored = True
         return out
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:

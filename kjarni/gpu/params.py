@@ -64,6 +64,11 @@ ATTENTION = _layout(
     "AttentionParams", "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 max_splits:u32 scale:f32 window:u32"
 )
 """``window``: sliding attention window (0: none); position p sees keys p - window < k <= p."""
+ATTENTION_STEP = _layout(
+    "AttentionStepParams",
+    "num_heads:u32 num_kv_heads:u32 head_dim:u32 capacity:u32 rotary_dim:u32 window:u32 scale:f32 _pad:u32",
+)
+"""attention_step.wgsl (decode: rope_store and attention_single in one dispatch)."""
 SELECT = _layout("SelectParams", "cols:u32 tokens:u32 chunks:u32 k:u32")
 """argmax and top_k."""
 SAMPLE = _layout("SampleParams", "n:u32 top_k:u32 temperature:f32 top_p:f32 min_p:f32 _pad0:u32 _pad1:u32 _pad2:u32")
@@ -89,11 +94,13 @@ KERNEL_PARAMS: dict[str, ParamsLayout] = {
     "attention_combine": ATTENTION,
     "attention_prefill": ATTENTION,
     "attention_single": ATTENTION,
+    "attention_step": ATTENTION_STEP,
     "argmax": SELECT,
     "top_k": SELECT,
     "sample": SAMPLE,
 }
 """Shader file stem -> the layout of its ``struct Params`` (quantized kernels use LINEAR / EMBED)."""
 
-STEP_KERNELS = ("rope_store", "attention_decode", "attention_combine", "attention_prefill", "attention_single")
+STEP_KERNELS = ("rope_store", "attention_decode", "attention_combine", "attention_prefill", "attention_single",
+                "attention_step")
 """Kernels that also declare ``struct Step``."""

@@ -1,0 +1,182 @@
+// attention_step (decode: one token, short context): rope_store and attention_single in one
+// dispatch. For head h at position p = step.start: q = rope(qkv's q head h) * scale; the kv head's
+// k = rope(qkv's k head) and v are rounded as the cache stores them (f16 with kv_f16), written to
+// the cache at p by the first q head of each kv group, and used from workgroup memory for key p
+// by every head of the group (the others read keys lo .. p - 1 from the cache, which this
+// dispatch does not write). out[h] = softmax(q k^T) v over positions [lo, p], lo = 0 or, with a
+// sliding window, max(0, p + 1 - window). At most MAX_KEYS positions (the host passes longer
+// contexts to rope_store + attention_decode).
+// Bindings: params, step, qkv [1, (H + 2 KV) hd], rope [positions, rotary_dim] (cos | sin; unread
+//   when rotary_dim = 0), k_cache / v_cache [KV, capacity, hd] (f32, or f16 pairs when kv_f16),
+//   out [1, H hd]. RoPE as rope_store.wgsl (rotate half over the first rotary_dim dims).
+// Grid: (H, 1, 1). A workgroup of WG threads: scores of keys lid, lid + WG, .. into workgroup
+// memory, workgroup max and sum, then thread lid sums dims 4 (lid % (hd/4)) .. over keys
+// lid / (hd/4), + WG / (hd/4), .., and the partial outputs are added.
+
+override HEAD_DIM: u32 = 64u;
+override WG: u32 = 256u;
+const MAX_KEYS: u32 = 2048u;
+
+struct Params {
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    capacity: u32,
+    rotary_dim: u32,
+    window: u32,      // sliding window (0: none)
+    scale: f32,       // 1 / sqrt(head_dim)
+    _pad: u32,
+}
+
+struct Step {
+    start: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read> rope: array<f32>;
+// #if kv_f16
+@group(0) @binding(4) var<storage, read_write> k_cache: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<vec2<u32>>;
+
+fn kv_load(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn kv_pack(v: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
+}
+// #else
+@group(0) @binding(4) var<storage, read_write> k_cache: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<vec4<f32>>;
+
+fn kv_load(w: vec4<f32>) -> vec4<f32> {
+    return w;
+}
+
+fn kv_pack(v: vec4<f32>) -> vec4<f32> {
+    return v;
+}
+// #endif
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+
+// #include reduce.wgsl
+
+var<workgroup> q_sh: array<vec4<f32>, HEAD_DIM / 4u>;
+var<workgroup> k_sh: array<vec4<f32>, HEAD_DIM / 4u>;
+var<workgroup> v_sh: array<vec4<f32>, HEAD_DIM / 4u>;
+var<workgroup> p_sh: array<f32, MAX_KEYS>;
+var<workgroup> o_sh: array<vec4<f32>, WG>;
+
+fn rotated(head: u32, e: u32, pos: u32) -> f32 {
+    let r = params.rotary_dim / 2u;
+    let x = qkv[head + e];
+    if (e >= 2u * r) {
+        return x;
+    }
+    let c = pos * params.rotary_dim + e % r;
+    if (e < r) {
+        return x * rope[c] - qkv[head + e + r] * rope[c + r];
+    }
+    return x * rope[c] + qkv[head + e - r] * rope[c + r];
+}
+
+fn rotated4(head: u32, e: u32, pos: u32) -> vec4<f32> {
+    return vec4<f32>(rotated(head, e, pos), rotated(head, e + 1u, pos), rotated(head, e + 2u, pos),
+                     rotated(head, e + 3u, pos));
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+// #if subgroup
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+// #endif
+) {
+// #if subgroup
+    let sg = vec3<u32>(sg_id, sg_count, sg_lane);
+// #else
+    let sg = vec3<u32>(0u);
+// #endif
+    let h = wid.x;
+    let heads = params.num_heads;
+    let group = heads / params.num_kv_heads;
+    let kv_head = h / group;
+    let pos = step.start;
+    let d4 = HEAD_DIM / 4u;
+    let cache = (kv_head * params.capacity + pos) * d4;
+    for (var i = lid; i < d4; i += WG) {
+        let e = 4u * i;
+        q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
+        let k = kv_pack(rotated4((heads + kv_head) * HEAD_DIM, e, pos));
+        let vb = (heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
+        let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
+        k_sh[i] = kv_load(k);
+        v_sh[i] = kv_load(v);
+        if (h % group == 0u) {
+            k_cache[cache + i] = k;
+            v_cache[cache + i] = v;
+        }
+    }
+    workgroupBarrier();
+    let length = pos + 1u;
+    let lo = select(0u, length - min(length, params.window), params.window > 0u);
+    let n = min(length - lo, MAX_KEYS);
+    let base = kv_head * params.capacity;
+    var m_local = NEG_BIG;
+    for (var j = lid; j < n; j += WG) {
+        let key = lo + j;
+        var acc = 0.0;
+        if (key == pos) {
+            for (var i = 0u; i < d4; i++) {
+                acc += dot(q_sh[i], k_sh[i]);
+            }
+        } else {
+            let row = (base + key) * d4;
+            for (var i = 0u; i < d4; i++) {
+                acc += dot(q_sh[i], kv_load(k_cache[row + i]));
+            }
+        }
+        p_sh[j] = acc;
+        m_local = max(m_local, acc);
+    }
+    let m = workgroup_max(m_local, lid, sg);
+    var l_local = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let p = exp(p_sh[j] - m);
+        p_sh[j] = p;
+        l_local += p;
+    }
+    let l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+    let c4 = lid % d4;
+    let lanes = WG / d4;  // key subsets summed in parallel
+    var o = vec4<f32>(0.0);
+    if (lid < lanes * d4) {
+        for (var j = lid / d4; j < n; j += lanes) {
+            let key = lo + j;
+            var v: vec4<f32>;
+            if (key == pos) {
+                v = v_sh[c4];
+            } else {
+                v = kv_load(v_cache[(base + key) * d4 + c4]);
+            }
+            o += p_sh[j] * v;
+        }
+    }
+    o_sh[lid] = o;
+    workgroupBarrier();
+    if (lid < d4) {
+        var total = vec4<f32>(0.0);
+        for (var k = 0u; k < lanes; k++) {
+            total += o_sh[k * d4 + lid];
+        }
+        out[h * d4 + lid] = total / l;
+    }
+}
