@@ -90,9 +90,9 @@ def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp
     after = (stats.submits, stats.pooled_buffers, stats.bind_groups, stats.pipelines, len(gpu_ops.context._uniforms))
     assert after[0] - before[0] == 5, "one submit per decode step"
     assert after[1:] == before[1:], "a warm decode step creates no buffers, bind groups, pipelines or uniforms"
-    # embed + 6 per layer (norm+qkv, rope_store, one-pass attention, o_proj+residual, norm+gate_up,
+    # embed + 5 per layer (norm+qkv, rope_store+attention, o_proj+residual, norm+gate_up,
     # silu_mul+down+residual) + final norm with LM head + argmax x2
-    assert stats.last_dispatches == 1 + 6 * 3 + 1 + 2
+    assert stats.last_dispatches == 1 + 5 * 3 + 1 + 2
 
 
 def _generate(model, prompt, count, **kwargs):

@@ -1,0 +1,96 @@
+"""attention_step.wgsl (decode: RoPE, the KV store and attention of one token in one dispatch)
+against NumpyOps: head_dim 64 and 128, grouped-query heads, partial rotary, sliding windows, f16
+and f32 caches; and the pending rope_store handle's rules (read q, drop it unread)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kjarni.numpy_ops import NumpyKVCache, NumpyOps
+
+pytestmark = pytest.mark.gpu
+ref = NumpyOps()
+
+
+def _rope(head_dim: int, rotary_dim: int, positions: int) -> np.ndarray:
+    from kjarni.model import rope_table
+
+    class Cfg:  # the fields rope_table reads
+        pass
+
+    cfg = Cfg()
+    cfg.head_dim, cfg.rope_theta, cfg.rope_scaling = rotary_dim, 10000.0, None
+    table = rope_table(cfg, positions)
+    assert table.shape[1] == rotary_dim
+    return table
+
+
+def _upload(ops, a):
+    from kjarni.gpu.ops import GpuTensor
+
+    t = GpuTensor(ops.context.scratch(a.nbytes), a.shape)
+    ops.context.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, np.float32))
+    return t
+
+
+def _f16(a):
+    return a.astype(np.float16).astype(np.float32)
+
+
+@pytest.mark.parametrize("kv_format", ["f32", "f16"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window", [
+    (14, 2, 64, 64, None), (6, 2, 128, 128, None), (3, 3, 64, 32, None), (4, 1, 64, 64, 9),
+])
+def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
+                                                                rotary_dim, window):
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    capacity = 64
+    rope = _rope(head_dim, rotary_dim, capacity)
+    g_rope = ops.weight(rope, name="rope")
+    gpu_cache = ops.new_kv_cache(2, kv_heads, head_dim, capacity)
+    cpu_cache = NumpyKVCache(2, kv_heads, head_dim, capacity)
+    rng = np.random.default_rng(heads * head_dim)
+    width = (heads + 2 * kv_heads) * head_dim
+    start = 0
+    for tokens in (19, 1, 1, 1, 1):  # a prefill (rope_store + the prefill kernels), then decode steps
+        qkv = rng.standard_normal((tokens, width)).astype(np.float32)
+        dispatches = ops.stats.dispatches
+        out = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 1, start), gpu_cache, 1, start, window)
+        if tokens == 1:
+            assert ops.stats.dispatches - dispatches == 1, "one dispatch for rope, store and attention"
+            assert ops.context._pipelines and any(k[0] == "attention_step" for k in ops.context._pipelines)
+        q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
+        if kv_format == "f16":  # the GPU keeps the cache in f16: give numpy the same values
+            cpu_cache.keys[:] = _f16(cpu_cache.keys)
+            cpu_cache.values[:] = _f16(cpu_cache.values)
+        np.testing.assert_allclose(ops.read(out), ref.attention(q_ref, cpu_cache, 1, start, window), atol=1e-4, rtol=1e-4)
+        start += tokens
+    # The cache holds what numpy's holds (the fused kernel stored every decode token's k and v).
+    keys = np.frombuffer(ops.context.read(gpu_cache.keys[1], 0, gpu_cache.keys[1].size), np.float16 if kv_format == "f16" else np.float32)
+    keys = keys.reshape(kv_heads, capacity, head_dim)[:, :start].astype(np.float32)
+    np.testing.assert_allclose(keys, cpu_cache.keys[1][:, :start], atol=1e-5, rtol=1e-5)
+
+
+def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
+    heads, kv_heads, hd, capacity = 4, 2, 64, 16
+    rope = _rope(hd, hd, capacity)
+    g_rope = ops.weight(rope, name="rope")
+    gpu_cache = ops.new_kv_cache(1, kv_heads, hd, capacity)
+    cpu_cache = NumpyKVCache(1, kv_heads, hd, capacity)
+    rng = np.random.default_rng(5)
+    qkv = rng.standard_normal((1, (heads + 2 * kv_heads) * hd)).astype(np.float32)
+    q_ref = ref.rope_store(qkv, rope, cpu_cache, 0, 0)
+    np.testing.assert_allclose(ops.read(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 0, 0)), q_ref, atol=1e-5)
+    qkv2 = rng.standard_normal((1, (heads + 2 * kv_heads) * hd)).astype(np.float32)
+    ref.rope_store(qkv2, rope, cpu_cache, 0, 1)
+    ops.rope_store(_upload(ops, qkv2), g_rope, gpu_cache, 0, 1)  # dropped unread: still stored
+    values = np.frombuffer(ops.context.read(gpu_cache.values[0], 0, gpu_cache.values[0].size), np.float32)
+    np.testing.assert_allclose(values.reshape(kv_heads, capacity, hd)[:, :2], cpu_cache.values[0][:, :2], atol=1e-6)
+    keys = np.frombuffer(ops.context.read(gpu_cache.keys[0], 0, gpu_cache.keys[0].size), np.float32)
+    np.testing.assert_allclose(keys.reshape(kv_heads, capacity, hd)[:, :2], cpu_cache.keys[0][:, :2], atol=1e-5)
