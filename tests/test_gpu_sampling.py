@@ -172,6 +172,8 @@ def test_argmax_top_k_and_the_gpu_draw_flag_nan_and_inf_rows_as_minus_one(gpu_op
     values, ids = gpu_ops.top_k(x, 3)
     np.testing.assert_array_equal(ids[:3], -np.ones((3, 3)))
     np.testing.assert_array_equal(ids[3], np.argsort(-logits[3])[:3])
+    _, many = gpu_ops.top_k(x, 300)  # more than the kernel selects: chosen on the CPU, flagged alike
+    assert (many[:3] == -1).all() and (many[3] >= 0).all()
     sampler = make_sampler(top_k=3)
     handles = [gpu_ops.sample_ahead(upload(gpu_ops, logits[row : row + 1]), sampler, 0.5) for row in range(4)]
     handles.append(gpu_ops.argmax_ahead(x))

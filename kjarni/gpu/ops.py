@@ -1015,8 +1015,10 @@ class WgpuOps:
             part = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
             values = np.take_along_axis(logits, part, axis=-1)
             order = np.lexsort((part, -values), axis=-1)
-            ids = np.take_along_axis(part, order, axis=-1)
-            return np.take_along_axis(logits, ids, axis=-1), ids.astype(np.int64)
+            ids = np.take_along_axis(part, order, axis=-1).astype(np.int64)
+            values = np.take_along_axis(logits, ids, axis=-1)
+            ids[~np.isfinite(logits).all(axis=-1)] = -1  # as the kernel flags them (ops.py)
+            return values, ids
         out = self._top_k(x, k)
         pairs = np.frombuffer(self.context.read(out.buffer, 0, tokens * k * 8), dtype=np.uint32).reshape(tokens, k, 2)
         values, ids = pairs[:, :, 0].copy().view(np.float32), pairs[:, :, 1].astype(np.int64)
