@@ -12,7 +12,7 @@
     kjarni parity --model smollm2-135m-instruct --prompt "The capital of France is" --json
 
 Generated text goes to stdout, everything else (progress, notices, errors) to stderr. Exit codes:
-0 success, 2 bad arguments or settings, 1 any other failure, 130 interrupted. Errors are one line;
+0 success, 2 bad arguments, settings or an unknown model name, 1 any other failure, 130 interrupted. Errors are one line;
 ``--debug`` adds the traceback.
 """
 
@@ -23,12 +23,12 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 import traceback
 from typing import Any, Sequence
 
 from kjarni import __version__
-from kjarni.errors import InvalidConfigurationError, KjarniError
+from kjarni.errors import InvalidConfigurationError, KjarniError, UnknownModelError
+from kjarni.quiet import quiet_mesa
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -216,7 +216,22 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.json and not args.quiet and generator.draft_model_name is not None and stats is not None and stats.rounds:
         print(f"kjarni: draft {generator.draft_model_name}: {stats.acceptance_rate:.0%} of drafted tokens accepted, "
               f"{stats.tokens_per_round:.2f} tokens per round", file=sys.stderr)
+    if not args.json and not args.quiet and stats is not None:
+        print(f"kjarni: {summary_line(stats, generator)}", file=sys.stderr)
     return EXIT_OK
+
+
+def summary_line(stats: Any, generator: Any) -> str:
+    """llama.cpp-style one-line summary of a generation: token counts, speeds, where it ran."""
+    prefill = stats.prompt_tokens / stats.prefill_seconds if stats.prefill_seconds > 0 else 0.0
+    if generator.gpu_context is not None:
+        backend = f"gpu ({generator.gpu_context.description})"
+    else:
+        backend = "cpu (numpy)"
+    return (
+        f"{stats.prompt_tokens} prompt tokens, {stats.generated_tokens} generated ({stats.finish_reason}); "
+        f"prefill {prefill:.1f} tok/s, decode {stats.tokens_per_second:.1f} tok/s; {backend}"
+    )
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -329,7 +344,8 @@ def _parity(args: argparse.Namespace) -> int:
         source = sources.resolve(args.model or registry.DEFAULT_MODEL, cache_dir=args.cache_dir,
                                  quiet=args.quiet)
         path, name = source.path, source.name
-    report = run_parity(path, args.prompt, steps=args.steps, weight_format=args.weight_format, name=name)
+    report = run_parity(path, args.prompt, steps=args.steps, weight_format=args.weight_format, name=name,
+                        quiet=args.quiet)
     print(json.dumps(dataclasses.asdict(report), indent=2) if args.json else report.to_text())
     return EXIT_OK
 
@@ -347,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AttributeError, ValueError):
         pass
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
-    _quiet_mesa()
+    quiet_mesa()
     try:
         args = _parser().parse_args(argv)
         debug = args.debug if hasattr(args, "debug") else debug
@@ -356,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except _UsageError as error:
         return _fail(f"error: {error}", EXIT_USAGE, debug)
-    except InvalidConfigurationError as error:
+    except (InvalidConfigurationError, UnknownModelError) as error:  # a bad setting or model name
         return _fail(f"error: {error}", EXIT_USAGE, debug)
     except KjarniError as error:
         return _fail(f"error: {error}", EXIT_ERROR, debug)
@@ -371,14 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except Exception as error:  # noqa: BLE001 - a one-line message, the traceback with --debug
         return _fail(f"internal error: {type(error).__name__}: {error}", EXIT_ERROR, debug)
-
-
-def _quiet_mesa() -> None:
-    """Mesa prints "XDG_RUNTIME_DIR is invalid" on stderr whenever WebGPU adapters are probed in a
-    headless session; a private folder (what a login session would give) keeps stderr clean."""
-    current = os.environ.get("XDG_RUNTIME_DIR")
-    if not current or not os.path.isdir(current):
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

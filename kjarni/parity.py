@@ -9,6 +9,7 @@ agree on the top token, and the first step where their greedy choices differ.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import numpy as np
 from kjarni.errors import InvalidConfigurationError
 from kjarni.loader import load_model
 from kjarni.numpy_ops import NumpyOps
+from kjarni.progress import Progress
+from kjarni.quiet import quiet_mesa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +61,24 @@ def run_parity(
     weight_format: str = "f32",
     context: Any = None,
     name: str | None = None,
+    quiet: bool = False,
 ) -> ParityReport:
-    """Run the model at ``path`` on numpy and on the GPU and compare their logits for ``prompt``."""
+    """Run the model at ``path`` on numpy and on the GPU and compare their logits for ``prompt``.
+
+    Says on stderr what it is doing (loading on each backend, then a bar over the prompt and the
+    greedy steps) unless ``quiet``: on a real model this takes minutes.
+    """
     from kjarni.gpu import WgpuContext, WgpuOps
 
     if steps < 0:
         raise InvalidConfigurationError(f"steps={steps} must be >= 0")
+    quiet_mesa()
+    label = name or str(path)
     context = context or WgpuContext()
-    cpu = load_model(path, ops=NumpyOps())
-    gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format))
+    _notice(f"parity: loading {label} on the CPU (numpy, float32)", quiet)
+    cpu = load_model(path, ops=NumpyOps(), quiet=quiet)
+    _notice(f"parity: loading {label} on the GPU ({context.description}, {weight_format} weights)", quiet)
+    gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format), quiet=quiet)
     ids = cpu.tokenizer.encode(prompt)
     if not ids:
         if cpu.tokenizer.bos_token_id is None:
@@ -74,22 +86,25 @@ def run_parity(
         ids = [cpu.tokenizer.bos_token_id]
     capacity = len(ids) + steps
     cpu_cache, gpu_cache = cpu.model.new_cache(capacity), gpu.model.new_cache(capacity)
-    cpu_logits = cpu.model.ops.read(cpu.model.forward(ids, cpu_cache))[0]
-    gpu_logits = gpu.model.ops.read(gpu.model.forward(ids, gpu_cache))[0]
-    diffs, agree, cpu_tokens, gpu_tokens = [], [], [], []
-    for step in range(steps + 1):
-        diffs.append(np.abs(cpu_logits - gpu_logits))
-        cpu_tokens.append(int(np.argmax(cpu_logits)))
-        gpu_tokens.append(int(np.argmax(gpu_logits)))
-        agree.append(cpu_tokens[-1] == gpu_tokens[-1])
-        if step == steps:
-            break
-        cpu_logits = cpu.model.ops.read(cpu.model.forward([cpu_tokens[-1]], cpu_cache))[0]
-        gpu_logits = gpu.model.ops.read(gpu.model.forward([cpu_tokens[-1]], gpu_cache))[0]
+    bar = Progress(steps + 1, f"parity: prompt of {len(ids)} tokens + {steps} greedy steps on both", quiet, unit="steps")
+    with bar:  # one unit per compared row: the prompt, then each greedy step
+        cpu_logits = cpu.model.ops.read(cpu.model.forward(ids, cpu_cache))[0]
+        gpu_logits = gpu.model.ops.read(gpu.model.forward(ids, gpu_cache))[0]
+        diffs, agree, cpu_tokens, gpu_tokens = [], [], [], []
+        for step in range(steps + 1):
+            bar.update(1)
+            diffs.append(np.abs(cpu_logits - gpu_logits))
+            cpu_tokens.append(int(np.argmax(cpu_logits)))
+            gpu_tokens.append(int(np.argmax(gpu_logits)))
+            agree.append(cpu_tokens[-1] == gpu_tokens[-1])
+            if step == steps:
+                break
+            cpu_logits = cpu.model.ops.read(cpu.model.forward([cpu_tokens[-1]], cpu_cache))[0]
+            gpu_logits = gpu.model.ops.read(gpu.model.forward([cpu_tokens[-1]], gpu_cache))[0]
     all_diffs = np.stack(diffs)
     first = next((i for i, same in enumerate(agree) if not same), None)
     return ParityReport(
-        model=name or str(path),
+        model=label,
         adapter=context.description,
         weight_format=weight_format,
         prompt_tokens=len(ids),
@@ -101,3 +116,8 @@ def run_parity(
         cpu_tokens=tuple(cpu_tokens),
         gpu_tokens=tuple(gpu_tokens),
     )
+
+
+def _notice(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"kjarni: {message}", file=sys.stderr, flush=True)

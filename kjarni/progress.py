@@ -1,4 +1,5 @@
-"""A dependency-free byte progress bar on stderr (never stdout: stdout carries generated text).
+"""kjarni's one progress bar, on stderr (never stdout: stdout carries generated text), of bytes
+(downloads, checksums) or of other counts (``unit="steps"``: ``kjarni parity``).
 
 On a terminal the bar redraws in place with a carriage return, at most ``MAX_REDRAWS_PER_S`` times
 a second. When stderr is a file or a pipe (CI logs, captured output) carriage returns would pile up
@@ -51,8 +52,11 @@ class Progress:
         quiet: bool = False,
         *,
         stream: TextIO | None = None,
+        unit: str = "B",
     ) -> None:
         self.total = total if total and total > 0 else None
+        self.unit = unit
+        self._format = format_bytes if unit == "B" else (lambda n: f"{n:.0f} {unit}")
         self.desc = desc
         self.quiet = quiet
         self.done = 0
@@ -97,24 +101,29 @@ class Progress:
             return
         now = time.monotonic()
         elapsed = max(now - self._start, 1e-9)
-        line = f"{self.desc}  {format_bytes(self.done)} in {format_duration(elapsed)}"
-        line += f" ({format_bytes(self.done / elapsed)}/s)"
+        line = f"{self.desc}  {self._format(self.done)} in {format_duration(elapsed)}"
+        line += f" ({self._rate(self.done / elapsed)})"
         self._write(("\r" + line + "\x1b[K\n") if self._tty else (line + "\n"))
 
     def _line(self, now: float) -> str:
         elapsed = max(now - self._start, 1e-9)
         rate = self.done / elapsed
-        speed = f"{format_bytes(rate)}/s"
+        speed = self._rate(rate)
         if self.total is None:
-            return f"{self.desc}  {format_bytes(self.done)}  {speed}"
+            return f"{self.desc}  {self._format(self.done)}  {speed}"
         fraction = min(1.0, self.done / self.total)
         filled = int(fraction * BAR_WIDTH)
         bar = "=" * filled + (">" if filled < BAR_WIDTH else "") + " " * (BAR_WIDTH - filled - 1)
         eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
         return (
             f"{self.desc} {fraction * 100:3.0f}% [{bar}] "
-            f"{format_bytes(self.done)}/{format_bytes(self.total)}  {speed}  ETA {eta}"
+            f"{self._format(self.done)}/{self._format(self.total)}  {speed}  ETA {eta}"
         )
+
+    def _rate(self, per_second: float) -> str:
+        if self.unit == "B":
+            return f"{format_bytes(per_second)}/s"
+        return f"{per_second:.2f} {self.unit}/s"
 
     def _write(self, text: str) -> None:
         try:

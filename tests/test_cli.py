@@ -166,7 +166,7 @@ def test_bad_arguments_exit_2_with_one_line_and_no_traceback(args: list[str], ca
 
 
 def test_other_errors_exit_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["generate", "x", "--model", "no-such-model", "--device", "cpu", "-q"]) == 1
+    assert cli.main(["generate", "x", "--model", "no-such-model", "--device", "cpu", "-q"]) == 2  # as documented
     err = capsys.readouterr().err
     assert "Unknown model 'no-such-model'" in err and err.count("\n") == 1
     assert cli.main(["generate", "x", "--model-path", str(tmp_path / "missing"), "--device", "cpu", "-q"]) == 1
@@ -182,14 +182,14 @@ def test_context_overflow_is_an_error_with_both_lengths(tiny_dir: Path, capsys: 
 
 
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["generate", "x", "--model", "no-such-model", "--device", "cpu", "-q", "--debug"]) == 1
+    assert cli.main(["generate", "x", "--model", "no-such-model", "--device", "cpu", "-q", "--debug"]) == 2
     assert "Traceback" in capsys.readouterr().err
 
 
 def test_python_dash_m_kjarni_exit_codes() -> None:
     assert run_kjarni("generate").returncode == 2
     done = run_kjarni("generate", "x", "--model", "no-such-model", "--device", "cpu")
-    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout == ""
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""
 
 
 # ---------------------------------------------------------------- models, pull, presets
@@ -220,7 +220,7 @@ def test_pull_of_a_cached_model_prints_its_path_without_downloading(smollm2_cach
 
 
 def test_pull_of_an_unknown_model_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["pull", "no-such-model"]) == 1
+    assert cli.main(["pull", "no-such-model"]) == 2  # an unknown name, as documented
     assert capsys.readouterr().err.count("\n") == 1
 
 

@@ -36,6 +36,7 @@ from kjarni.generator.config import (
 from kjarni.generator.generator import Generator, _Draft, _notice
 from kjarni.generator.presets import GeneratorPreset, GeneratorTier, find_preset, list_presets
 from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
+from kjarni.quiet import quiet_mesa
 from kjarni.sources import DownloadPolicy
 
 
@@ -53,6 +54,7 @@ def _gpu_ops(load_config: LoadConfig, context: Any) -> tuple[Any, Any]:
     Returns ``(ops, context)``; raises ``GpuUnavailableError`` saying why when there is no GPU.
     The one place the GPU backend is wired in.
     """
+    quiet_mesa()
     try:
         from kjarni.gpu import WgpuContext, WgpuOps
     except ImportError as error:
@@ -76,6 +78,7 @@ def _software_adapter() -> str | None:
     A CPU-emulated WebGPU adapter is slower than the numpy backend, so ``AUTO`` does not take it;
     ``gpu()`` still does. Raises ``GpuUnavailableError`` when there is no adapter at all.
     """
+    quiet_mesa()
     try:
         from kjarni.gpu import find_adapter
     except ImportError:
@@ -327,7 +330,8 @@ class GeneratorBuilder:
         return self.download_policy(DownloadPolicy.NEVER)
 
     def quiet(self) -> GeneratorBuilder:
-        """No progress or notices on stderr."""
+        """Nothing on stderr: no progress, notices or warnings (the large-model one included), and
+        no XDG_RUNTIME_DIR complaint from Mesa. Errors are still raised."""
         self._quiet = True
         return self
 
@@ -452,7 +456,7 @@ class GeneratorBuilder:
         return config.with_overrides(self._overrides)
 
     def _warn(self, message: str) -> None:
-        if not self._allow_warnings:
+        if not (self._allow_warnings or self._quiet):
             print(f"kjarni: warning: {message} (allow_warnings() silences this)", file=sys.stderr, flush=True)
 
     def build(self) -> Generator:

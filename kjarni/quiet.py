@@ -1,0 +1,21 @@
+"""Keeping what kjarni's dependencies print off the user's terminal.
+
+Mesa's Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
+on stderr, straight from C, every time WebGPU adapters are enumerated in a session without one
+(ssh, containers, CI, services). No logging switch reaches it, so ``quiet_mesa`` gives the process
+what a login session would have: a private runtime folder. The CLI calls it at start, the builder
+and ``kjarni parity`` before they first look for a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def quiet_mesa() -> None:
+    """Point ``XDG_RUNTIME_DIR`` at a private folder (mode 700) when it is unset or not a folder;
+    a valid one is left alone."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if not current or not os.path.isdir(current):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
