@@ -233,6 +233,27 @@ def test_a_disconnect_mid_stream_cancels_within_one_decode_step(endless_dir: Pat
         assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 5
 
 
+def test_a_client_leaving_a_whole_answer_request_cancels_it(endless_dir: Path) -> None:
+    import socket
+
+    generator = Generator.builder().model_path(endless_dir).cpu().greedy().quiet().build()
+    app = create_app(generator)
+    with running_server(app) as url:
+        engine = app.state.kjarni["engine"]
+        body = json.dumps({"model": "endless", "prompt": "Go", "max_tokens": 6000}).encode()
+        host, port = url.removeprefix("http://").split(":")
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(request)
+            while not generator._lock.locked():  # until its generation runs (then the client leaves)
+                threading.Event().wait(0.005)
+        assert engine.cancelled.wait(timeout=120), "the server never noticed the client leave"
+        noticed, stopped = engine.cancellations[0]
+        assert stopped - noticed <= 1 and stopped < 6000
+        assert engine.admitted == 0
+
+
 def test_a_full_queue_answers_429(endless_dir: Path) -> None:
     generator = Generator.builder().model_path(endless_dir).cpu().greedy().quiet().build()
     app = create_app(generator, max_queue=0)

@@ -102,12 +102,13 @@ class Engine:
             finally:
                 # Shielded: a cancelled request (anyio re-cancels every await) still waits for its worker.
                 with anyio.CancelScope(shield=True):
-                    stats = stream.stats
-                    cancelled_at = stats.generated_tokens if stats is not None else 0
+                    started = stream.stats  # None while the worker is still setting up
+                    cancelled_at = started.generated_tokens if started is not None else 0
                     was_cut = stream.finish_reason is None
                     await stream.aclose()
-                if was_cut and stats is not None:
-                    self.cancellations.append((cancelled_at, stats.generated_tokens))
+                if was_cut:
+                    stats = stream.stats
+                    self.cancellations.append((cancelled_at, stats.generated_tokens if stats is not None else 0))
                     self.cancelled.set()
         stats = stream.stats
         self.served += 1
