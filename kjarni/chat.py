@@ -327,20 +327,3 @@ def _free_marks(source: str, user_data: Any) -> tuple[str, str]:
     free = (chr(code) for code in range(_PLACEHOLDER_BASE, _PLACEHOLDER_BASE + 65534) if chr(code) not in used)
     return next(free), next(free)
 
-
-def call_overrides(overrides: Any, settings: dict[str, Any]) -> Any:
-    """One call's ``GenerationOverrides``: ``overrides`` with keyword ``settings`` on top."""
-    import dataclasses
-
-    from kjarni.generator.config import GenerationOverrides
-
-    if overrides is not None and not isinstance(overrides, GenerationOverrides):
-        raise InvalidConfigurationError(f"overrides must be a GenerationOverrides, got {type(overrides).__name__}")
-    known = {f.name for f in dataclasses.fields(GenerationOverrides)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise InvalidConfigurationError(
-            f"unknown generation setting(s) {', '.join(unknown)}; the settings are: {', '.join(sorted(known))}"
-        )
-    layer = overrides or GenerationOverrides()
-    return layer.merged(GenerationOverrides(**settings)) if settings else layer

@@ -155,8 +155,12 @@ def test_stream_chat_and_async_twins_give_the_same_answer(tiny: Generator) -> No
 
 
 def test_per_call_settings_and_overrides(tiny: Generator) -> None:
-    tokens = list(tiny.stream_chat_tokens(QUESTION, GenerationOverrides(max_tokens=5), max_tokens=3))
+    tokens = list(tiny.stream_chat_tokens(QUESTION, max_tokens=3))
     assert len(tokens) <= 3 and tiny.last_stats.generated_tokens == len(tokens)
+    layered = list(tiny.stream_chat_tokens(QUESTION, GenerationOverrides(max_tokens=3)))
+    assert [t.token_id for t in layered] == [t.token_id for t in tokens]
+    with pytest.raises(InvalidConfigurationError, match="not both"):
+        tiny.chat(QUESTION, GenerationOverrides(max_tokens=5), max_tokens=3)
     with pytest.raises(InvalidConfigurationError, match="max_token"):
         tiny.chat(QUESTION, max_token=3)
     with pytest.raises(InvalidConfigurationError, match="temperature"):

@@ -364,8 +364,8 @@ class Generator:
     def chat(self, messages: list[dict], overrides: GenerationOverrides | None = None, **settings: Any) -> str:
         """The assistant's answer to ``messages``: ``generate`` on the chat template's rendering.
 
-        ``settings`` are per-call generation settings (``max_tokens=``, ``temperature=``, ... the
-        fields of ``GenerationOverrides``) on top of ``overrides``. Generation stops at the
+        ``settings`` are per-call generation settings (``max_tokens=``, ``temperature=``, ... as for
+        ``generate``), or pass them as ``overrides``, not both. Generation stops at the
         template's end-of-turn token (``<|im_end|>``) as well as EOS; neither appears in the answer.
         """
         return "".join(self.stream_chat(messages, overrides, **settings))
@@ -398,8 +398,6 @@ class Generator:
         self, messages: list[dict], overrides: GenerationOverrides | None, settings: dict[str, Any]
     ) -> tuple[list[int], ResolvedGenerationConfig]:
         """Token ids of the rendered conversation and the settings, end of turn added to the end ids."""
-        from kjarni.chat import call_overrides
-
         config = self._config.with_overrides(call_overrides(overrides, settings))
         template = self.chat_template
         prompt_ids = template.encode(self._loaded.tokenizer, messages)
