@@ -9,14 +9,16 @@
 // Bindings: params, step, qkv [1, (H + 2 KV) hd], rope [positions, rotary_dim] (cos | sin; unread
 //   when rotary_dim = 0), k_cache / v_cache [KV, capacity, hd] (f32, or f16 pairs when kv_f16),
 //   out [1, H hd]. RoPE as rope_store.wgsl (rotate half over the first rotary_dim dims).
-// Grid: (H, 1, 1). A workgroup of WG threads: scores of keys lid, lid + WG, .. into workgroup
-// memory, workgroup max and sum, then thread lid sums dims 4 (lid % (hd/4)) .. over keys
-// lid / (hd/4), + WG / (hd/4), .., and the partial outputs are added.
+// Grid: (H, 1, 1), a workgroup of WG threads (a multiple of hd / 4). Scores: KL threads per key
+// (KL divides hd / 4; summed with subgroupShuffleXor), two keys per trip with all their loads
+// issued first, into workgroup memory; workgroup max and sum; then thread i accumulates dims
+// 4 (i % (hd/4)) .. over the keys of subset i / (hd/4), four keys a trip, and the subsets' partial
+// outputs are added by a tree through workgroup memory.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
-const MAX_KEYS: u32 = 2048u;
-
+override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
+const MAX_KEYS: u32 = 1024u;
 struct Params {
     num_heads: u32,
     num_kv_heads: u32,
@@ -90,6 +92,25 @@ fn rotated4(head: u32, e: u32, pos: u32) -> vec4<f32> {
                      rotated(head, e + 3u, pos));
 }
 
+// This thread's share (dims kl, kl + KL, ..) of q . k for the cache row starting at vec4 `row`.
+fn score_part(row: u32, kl: u32) -> f32 {
+    var acc = 0.0;
+    for (var i = kl; i < HEAD_DIM / 4u; i += KL) {
+        acc += dot(q_sh[i], kv_load(k_cache[row + i]));
+    }
+    return acc;
+}
+
+fn key_sum(v: f32) -> f32 {
+    var s = v;
+// #if subgroup
+    for (var m = 1u; m < KL; m <<= 1u) {
+        s += subgroupShuffleXor(s, m);
+    }
+// #endif
+    return s;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -128,55 +149,85 @@ fn main(
     workgroupBarrier();
     let length = pos + 1u;
     let lo = select(0u, length - min(length, params.window), params.window > 0u);
-    let n = min(length - lo, MAX_KEYS);
-    let base = kv_head * params.capacity;
+    let n = length - lo;   // keys lo .. pos; the host keeps n <= MAX_KEYS
+    let last = n - 1u;     // key pos, from workgroup memory; keys 0 .. last - 1 from the cache
+    let base = kv_head * params.capacity + lo;
+    // Scores: KL threads per key, two keys a trip.
+    let kl = lid % KL;
+    let slots = WG / KL;
     var m_local = NEG_BIG;
-    for (var j = lid; j < n; j += WG) {
-        let key = lo + j;
-        var acc = 0.0;
-        if (key == pos) {
-            for (var i = 0u; i < d4; i++) {
-                acc += dot(q_sh[i], k_sh[i]);
-            }
-        } else {
-            let row = (base + key) * d4;
-            for (var i = 0u; i < d4; i++) {
-                acc += dot(q_sh[i], kv_load(k_cache[row + i]));
+    var j = lid / KL;
+    loop {
+        if (j >= last) {
+            break;
+        }
+        let j1 = j + slots;
+        let a0 = score_part((base + j) * d4, kl);
+        let a1 = score_part((base + min(j1, last - 1u)) * d4, kl);
+        let s0 = key_sum(a0);
+        let s1 = key_sum(a1);
+        if (kl == 0u) {
+            p_sh[j] = s0;
+            m_local = max(m_local, s0);
+            if (j1 < last) {
+                p_sh[j1] = s1;
+                m_local = max(m_local, s1);
             }
         }
-        p_sh[j] = acc;
-        m_local = max(m_local, acc);
+        j += 2u * slots;
+    }
+    if (lid == 0u) {
+        var s = 0.0;
+        for (var i = 0u; i < d4; i++) {
+            s += dot(q_sh[i], k_sh[i]);
+        }
+        p_sh[last] = s;
+        m_local = max(m_local, s);
     }
     let m = workgroup_max(m_local, lid, sg);
     var l_local = 0.0;
-    for (var j = lid; j < n; j += WG) {
-        let p = exp(p_sh[j] - m);
-        p_sh[j] = p;
+    for (var i = lid; i < n; i += WG) {
+        let p = exp(p_sh[i] - m);
+        p_sh[i] = p;
         l_local += p;
     }
     let l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+    // p v: thread lid owns dims 4 c4 .. of key subset lid / d4, four keys a trip.
     let c4 = lid % d4;
-    let lanes = WG / d4;  // key subsets summed in parallel
+    let subset = lid / d4;
+    let subsets = WG / d4;
     var o = vec4<f32>(0.0);
-    if (lid < lanes * d4) {
-        for (var j = lid / d4; j < n; j += lanes) {
-            let key = lo + j;
-            var v: vec4<f32>;
-            if (key == pos) {
-                v = v_sh[c4];
-            } else {
-                v = kv_load(v_cache[(base + key) * d4 + c4]);
-            }
-            o += p_sh[j] * v;
+    var k = subset;
+    loop {
+        if (k + 3u * subsets >= last) {
+            break;
         }
+        let v0 = kv_load(v_cache[(base + k) * d4 + c4]);
+        let v1 = kv_load(v_cache[(base + k + subsets) * d4 + c4]);
+        let v2 = kv_load(v_cache[(base + k + 2u * subsets) * d4 + c4]);
+        let v3 = kv_load(v_cache[(base + k + 3u * subsets) * d4 + c4]);
+        o += p_sh[k] * v0 + p_sh[k + subsets] * v1 + p_sh[k + 2u * subsets] * v2 + p_sh[k + 3u * subsets] * v3;
+        k += 4u * subsets;
+    }
+    loop {
+        if (k >= last) {
+            break;
+        }
+        o += p_sh[k] * kv_load(v_cache[(base + k) * d4 + c4]);
+        k += subsets;
+    }
+    if (last % subsets == subset) {
+        o += p_sh[last] * v_sh[c4];
     }
     o_sh[lid] = o;
     workgroupBarrier();
-    if (lid < d4) {
-        var total = vec4<f32>(0.0);
-        for (var k = 0u; k < lanes; k++) {
-            total += o_sh[k * d4 + lid];
+    for (var stride = subsets / 2u; stride > 0u; stride >>= 1u) {  // subsets is a power of two
+        if (subset < stride) {
+            o_sh[lid] += o_sh[lid + stride * d4];
         }
-        out[h * d4 + lid] = total / l;
+        workgroupBarrier();
+    }
+    if (lid < d4) {
+        out[h * d4 + lid] = o_sh[lid] / l;
     }
 }

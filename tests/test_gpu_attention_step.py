@@ -39,15 +39,19 @@ def _f16(a):
 
 
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window", [
-    (14, 2, 64, 64, None), (6, 2, 128, 128, None), (3, 3, 64, 32, None), (4, 1, 64, 64, 9),
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
+    (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
+    (4, 1, 64, 64, 9, 1024, 19),
+    # many keys a thread: both score keys of a trip, the four-key p v loop and its tail
+    (14, 2, 64, 64, None, 1024, 700), (4, 2, 64, 64, None, 64, 83), (4, 2, 128, 128, 50, 64, 201),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window):
+                                                                rotary_dim, window, threads, prompt):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    capacity = 64
+    ops.attention_step_threads = threads
+    capacity = prompt + 8
     rope = _rope(head_dim, rotary_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
     gpu_cache = ops.new_kv_cache(2, kv_heads, head_dim, capacity)
@@ -55,7 +59,7 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     rng = np.random.default_rng(heads * head_dim)
     width = (heads + 2 * kv_heads) * head_dim
     start = 0
-    for tokens in (19, 1, 1, 1, 1):  # a prefill (rope_store + the prefill kernels), then decode steps
+    for tokens in (prompt, 1, 1, 1, 1):  # a prefill (rope_store + the prefill kernels), then decode steps
         qkv = rng.standard_normal((tokens, width)).astype(np.float32)
         dispatches = ops.stats.dispatches
         out = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 1, start), gpu_cache, 1, start, window)

@@ -201,6 +201,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
                 ctx.profile(True)
                 int(ops.argmax(model.forward(tokens, cache, logits="all"))[0])
                 cache.trim(len(tokens))
+                kernel_times = list(ctx.stats.kernel_times)
                 times = defaultdict(float)
                 counts = defaultdict(int)
                 for name, seconds in ctx.stats.kernel_times:
@@ -210,6 +211,10 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
                 result[key + "gpu_us_per_step"] = round(1e6 * sum(times.values()), 1)
                 result[key + "kernels_us"] = {k: {"us": round(1e6 * v, 1), "n": counts[k]}
                                               for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
+                if not key:  # the step's dispatches in order: embed and the first two layers, the LM head and argmax
+                    order = [[name, round(1e6 * s, 2)] for name, s in kernel_times]
+                    result["dispatch_us_first"] = order[:11]
+                    result["dispatch_us_last"] = order[-3:]
             result["verify_k8_gpu_over_decode"] = round(result["verify_k8_gpu_us_per_step"] / result["gpu_us_per_step"], 2)
         except Exception as exc:  # timestamps are optional
             ctx._profile = None

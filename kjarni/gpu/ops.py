@@ -52,6 +52,7 @@ ADD_KINDS = ("uniform", "read", "read", "rw")
 DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
 SINGLE_WG = 512  # threads of attention_single
+STEP_MAX_KEYS = 1024  # attention_step.wgsl's MAX_KEYS
 MAX_TOP_K = 256  # larger k reads the row back and selects on the CPU
 TOKEN_RING_BYTES = 65536  # argmax_ahead's readback ring: 8192 (id, status) pairs, read before that many more are chosen
 
@@ -275,7 +276,7 @@ class WgpuOps:
     matvec_template = True
     matvec_template_configs: ClassVar[dict[tuple[str, int, int], tuple[int, int, int, int]]] = {}
     fuse_rope = True  # one-token rope_store is recorded by the next attention (attention_step.wgsl)
-    attention_step_threads = 256  # threads of attention_step
+    attention_step_threads = 1024  # threads of attention_step (at most; hd / 4 times a power of two)
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
@@ -650,17 +651,23 @@ class WgpuOps:
         """(WG, LANES, R, UN) of matvec.tmpl.wgsl for a one-token product of a ``rows`` x ``cols``
         segment in ``fmt``, or None where it does not apply (no subgroups, ``cols`` not a multiple
         of 8, ``matvec_template`` off): ``matvec_template_configs`` first (per (format, rows, cols),
-        from tools/sweep_matvec.py), else rows of up to 2048 columns take one subgroup-wide group
-        of 32 lanes per R rows, longer rows split over ``WG`` lanes."""
+        from tools/sweep_matvec.py), else the H200 sweep's winners on Qwen2.5-0.5B's matrices
+        (docs/benchmarks.md), the same for f16 and the quantized formats: a vocabulary-sized LM head
+        16 lanes on 4 rows (two row groups a subgroup, many rows a workgroup); rows longer than 2048
+        columns (down_proj) split over 256 lanes, 2 rows; thousands of rows (gate_up) 32 lanes on
+        4 rows; small matrices (q/k/v, o_proj) 64 lanes on 1 row, to spread over every SM."""
         if not (self.matvec_template and self.context.has_subgroups and cols % 8 == 0 and kernels.has_template("matvec", fmt)):
             return None
         config = self.matvec_template_configs.get((fmt, rows, cols))
         if config is not None:
             return config
-        r = 4 if rows >= 4096 else 2 if rows >= 1024 else 1
-        if cols <= 2048:
-            return 128, 32, r, 2
-        return 128, 128, r, 2
+        if rows >= 65536:
+            return 128, 16, 4, 1
+        if cols > 2048:
+            return 256, 256, 2, 1
+        if rows >= 4096:
+            return 128, 32, 4, 2
+        return 128, 64, 1, 2
 
     def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
         return tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower())
@@ -725,7 +732,7 @@ class WgpuOps:
             )
         if rope is not None and (rope.kind != "table" or start + tokens > rope.shape[0] or rope.shape[1] > hd):
             raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
-        if tokens == 1 and self.fuse_rope and start + 1 <= min(self.attention_single_max, SINGLE_MAX_KEYS):
+        if tokens == 1 and self.fuse_rope and start + 1 <= min(self.attention_single_max, STEP_MAX_KEYS):
             return _RopePending(self, qkv, rope, kv_cache, layer, start, heads * hd)  # attention_step does it
         return self._rope_store_now(qkv, rope, kv_cache, layer, start)
 
@@ -872,8 +879,15 @@ class WgpuOps:
                 num_heads=heads, num_kv_heads=kv, head_dim=hd, capacity=kv_cache.capacity, rotary_dim=rotary_dim,
                 window=window or 0, scale=float(np.float32(1.0 / np.sqrt(hd))),
             ))
+            # WG: hd / 4 times a power of two, at most attention_step_threads and the device's limit;
+            # KL threads per key in the scores (a divisor of hd / 4; subgroup shuffles).
+            limit = min(self.attention_step_threads, int(ctx.adapter.limits["max-compute-invocations-per-workgroup"]))
+            threads = hd // 4
+            while threads * 2 <= limit:
+                threads *= 2
+            kl = next(k for k in (4, 2, 1) if (hd // 4) % k == 0) if ctx.has_subgroups else 1
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=self._kv_flags(kv_cache),
-                                    constants={"HEAD_DIM": hd, "WG": self.attention_step_threads})
+                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl})
             plan = self._plans[key] = (pipeline, params)
         pipeline, params = plan
         out = self._new(1, heads * hd)
