@@ -346,6 +346,9 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
     ops = WgpuOps(wgpu_context, weight_format="f16")
     assert ops.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
     short, long = ops.weight(rand(rng, 40, 64), name="short"), ops.weight(rand(rng, 12, 2064), name="long")
+    assert kernel(ops, short, 1) == kernel(ops, long, 1) == "matvec.f16:main"  # the decode template
+    ops.matvec_template = False  # the older one-token kernels, still there to compare
+    short, long = ops.weight(rand(rng, 40, 64), name="short2"), ops.weight(rand(rng, 12, 2064), name="long2")
     assert kernel(ops, short, 1) == "linear_f16:matvec_u" and kernel(ops, long, 1) == "linear_f16:matvec"
     for tokens in range(2, ops.matvec_max_tokens + 1):
         assert kernel(ops, short, tokens) == kernel(ops, long, tokens) == "linear_f16:matvec_t"
@@ -354,10 +357,12 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
     assert kernel(ops, ops.weight(rand(rng, 40, 64), name="w"), 5) == "linear_f16:matvec_u"
     q8 = WgpuOps(wgpu_context, weight_format="q8_0")
     wq = q8.weight(rand(rng, 40, 64), name="wq")
-    assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "linear_q8_0:main"
+    assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "matvec.Q8_0:main"
     assert {kernel(q8, wq, tokens) for tokens in range(2, q8.matvec_max_tokens + 1)} == {"linear_q8_0:main_t"}
     q8.quant_t_min_tokens = q8.matvec_max_tokens + 1
     assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq2"), 5) == "linear_q8_0:main"
+    q8.matvec_template = False
+    assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq3"), 1) == "linear_q8_0:main"
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0"])
@@ -378,6 +383,7 @@ def test_quantized_split_k_decode_matches_numpy(wgpu_context, qtype):
     w = qt.dequantize().astype(np.float32)
     ops = WgpuOps(wgpu_context, weight_format="f32")
     ops.quant_split_k_min_cols = 256
+    ops.matvec_template = False  # one token would take the decode template
     nw = rand(rng, cols)
     gw, gn = ops.weight(qt, name="wq"), ops.weight(nw, name="nq")
     for tokens in (1, 3):
