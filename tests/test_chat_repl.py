@@ -100,10 +100,13 @@ class Output:
         threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
 
     def _read(self, pipe: object) -> None:
-        while chunk := os.read(pipe.fileno(), 4096):  # type: ignore[attr-defined]
-            with self._changed:
-                self.text += chunk.decode("utf-8", errors="replace")
-                self._changed.notify_all()
+        try:
+            while chunk := os.read(pipe.fileno(), 4096):  # type: ignore[attr-defined]
+                with self._changed:
+                    self.text += chunk.decode("utf-8", errors="replace")
+                    self._changed.notify_all()
+        except OSError:  # a terminal whose other end closed (EIO) has ended too
+            pass
 
     def wait_for(self, text: str, start: int = 0) -> int:
         """The index just past the first ``text`` at or after ``start`` (a timeout only fails the test)."""
@@ -140,6 +143,34 @@ def test_ctrl_c_stops_the_answer_not_the_program(endless_model: Path) -> None:
         child.stdin.flush()
         assert child.wait(timeout=120) == 0
         assert "[conversation cleared]" in out.text
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_on_a_terminal_it_reads_with_input_and_ctrl_d_leaves(tmp_path: Path) -> None:
+    import pty
+
+    folder = make_tiny_model(tmp_path / "pty-tiny")
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kjarni", "chat", "--model-path", str(folder), "--device", "cpu", "--greedy",
+         "--max-tokens", "3", "--quiet"],
+        stdin=follower, stdout=follower, stderr=follower, cwd=REPO, env={**os.environ, "TERM": "dumb"},
+    )
+    os.close(follower)
+    out = Output(os.fdopen(leader, "rb", buffering=0))
+    try:
+        out.wait_for(chat_repl.HELP)  # the banner, shown on a terminal only
+        at = out.wait_for(chat_repl.PROMPT)
+        os.write(leader, b"/system Be brief.\r")
+        at = out.wait_for("[system message set]", at)
+        at = out.wait_for(chat_repl.PROMPT, at)
+        os.write(leader, b"Hi\r")  # answered (3 tokens), then the prompt again
+        out.wait_for(chat_repl.PROMPT, out.wait_for("Hi", at))
+        os.write(leader, b"\x04")  # Ctrl-D
+        assert child.wait(timeout=120) == 0
     finally:
         if child.poll() is None:
             child.kill()
