@@ -123,7 +123,7 @@ def create_app(
             return _event_stream(current, parsed, stream, ticket, response_id)
         try:
             finished = Finished()
-            text = await _until_disconnected(request, _collect(current.run(stream, finished)))
+            text = await _until_disconnected(request, _collect(current.run(stream, finished, ticket)))
         finally:
             ticket.release()
         return JSONResponse(protocol.completion(parsed, response_id, text, finished.finish_reason,
@@ -222,7 +222,7 @@ def _event_stream(engine: Engine, request: protocol.CompletionRequest, stream: A
                 yield {"data": json.dumps(protocol.chunk(request, response_id, role=True))}
             elif request.echo and request.prompt:
                 yield {"data": json.dumps(protocol.chunk(request, response_id, text=request.prompt))}
-            async for piece in engine.run(stream, finished):
+            async for piece in engine.run(stream, finished, ticket):
                 yield {"data": json.dumps(protocol.chunk(request, response_id, text=piece), ensure_ascii=False)}
             yield {"data": json.dumps(protocol.chunk(request, response_id, finish_reason=finished.finish_reason or "stop"))}
             if request.include_usage:

@@ -89,8 +89,11 @@ class Engine:
         except KjarniError as error:  # a template that fails on these messages, for one
             raise bad(str(error), "messages" if request.chat else "prompt") from None
 
-    async def run(self, stream: Any, finished: Finished) -> AsyncIterator[str]:
-        """The pieces of ``stream`` once it is this request's turn; ``finished`` is filled at the end."""
+    async def run(self, stream: Any, finished: Finished, ticket: Ticket) -> AsyncIterator[str]:
+        """The pieces of ``stream`` once it is this request's turn; ``finished`` is filled at the end.
+
+        ``ticket`` is released as soon as the generation has stopped, before anything is recorded.
+        """
         import anyio
 
         if self._lock is None:
@@ -106,6 +109,7 @@ class Engine:
                     cancelled_at = started.generated_tokens if started is not None else 0
                     was_cut = stream.finish_reason is None
                     await stream.aclose()
+                ticket.release()
                 if was_cut:
                     stats = stream.stats
                     self.cancellations.append((cancelled_at, stats.generated_tokens if stats is not None else 0))
