@@ -116,8 +116,12 @@ def create_app(
         check_key(request)
         current = engine()
         parsed = protocol.parse_request(await read_json(request), chat=chat, served_model=current.model_name)
-        stream = current.open(parsed)
         ticket = current.admit()
+        try:
+            stream = current.open(parsed)
+        except BaseException:
+            ticket.release()
+            raise
         response_id = protocol.new_id(chat)
         if parsed.stream:
             return _event_stream(current, parsed, stream, ticket, response_id)
