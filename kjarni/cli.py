@@ -59,6 +59,8 @@ def _parser() -> _Parser:
     model_options.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead of --model")
     model_options.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
     model_options.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
+    model_options.add_argument("--cpu-weights", choices=("f32", "f16"),
+                               help="how the CPU backend holds weights: f32 (default, the reference) or f16 (half the memory)")
     sampling = argparse.ArgumentParser(add_help=False)
     sampling.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate")
     sampling.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0: greedy)")
@@ -160,6 +162,8 @@ def _model_builder(args: argparse.Namespace, preset: str | None = None) -> Any:
         builder.offline()
     if args.quiet:
         builder.quiet()
+    if args.cpu_weights:
+        builder.with_load_config(lambda c: c.cpu_weight_format(args.cpu_weights))
     return builder.generation_config(overrides)
 
 

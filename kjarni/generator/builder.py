@@ -373,7 +373,7 @@ class GeneratorBuilder:
         from kjarni.numpy_ops import NumpyOps
 
         if device is KjarniDevice.CPU:
-            return NumpyOps(), None, KjarniDevice.CPU
+            return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
         if device is KjarniDevice.GPU or context is not None:
             ops, context = _gpu_ops(self._load_config, context)
             return ops, context, KjarniDevice.GPU
@@ -386,7 +386,7 @@ class GeneratorBuilder:
         except GpuUnavailableError as error:
             reason = f"no usable GPU: {error}"
         _notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
-        return NumpyOps(), None, KjarniDevice.CPU
+        return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
 
     def _load(self, source: sources.ModelSource, ops: Any, device: KjarniDevice) -> Any:
         from kjarni.loader import load_model

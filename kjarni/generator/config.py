@@ -46,6 +46,7 @@ class KjarniDevice(enum.Enum):
 # ---------------------------------------------------------------- loading
 
 WEIGHT_FORMATS = ("f32", "f16", "quantized", "q8_0")
+CPU_WEIGHT_FORMATS = ("f32", "f16")
 KV_DTYPES = ("f32", "f16")
 PREFER_FORMATS = ("safetensors", "gguf")
 
@@ -65,12 +66,16 @@ class LoadConfig:
     - ``max_context``: the most positions to allocate KV for (``None``: the model's context).
     - ``prefer``: which files to use when both exist, ``"safetensors"`` or ``"gguf"``. ``None``
       picks the PyPI GGUF for registry models and the safetensors in a local folder holding both.
+    - ``cpu_weight_format``: how the numpy CPU backend holds weight matrices: ``"f32"`` (the
+      default, the reference) or ``"f16"`` (the lower-memory mode: half the memory, float32 compute
+      a tile at a time, logits off by the weights' f16 rounding; docs/benchmarks.md has its cost).
     """
 
     weight_format: str = "f16"
     kv_dtype: str | None = None
     max_context: int | None = None
     prefer: str | None = None
+    cpu_weight_format: str = "f32"
 
     def __post_init__(self) -> None:
         if self.weight_format not in WEIGHT_FORMATS:
@@ -81,6 +86,10 @@ class LoadConfig:
             raise InvalidConfigurationError(f"kv_dtype {self.kv_dtype!r} is not one of: {', '.join(KV_DTYPES)}")
         if self.max_context is not None and (not _is_int(self.max_context) or self.max_context < 1):
             raise InvalidConfigurationError(f"max_context {self.max_context!r} must be an integer >= 1")
+        if self.cpu_weight_format not in CPU_WEIGHT_FORMATS:
+            raise InvalidConfigurationError(
+                f"cpu_weight_format {self.cpu_weight_format!r} is not one of: {', '.join(CPU_WEIGHT_FORMATS)}"
+            )
         if self.prefer is not None and self.prefer not in PREFER_FORMATS:
             raise InvalidConfigurationError(
                 f"prefer {self.prefer!r} is not one of: {', '.join(PREFER_FORMATS)} (or None)"
@@ -131,6 +140,15 @@ class LoadConfigBuilder:
         """Which files to load when both exist: ``"safetensors"`` or ``"gguf"``."""
         self._fields["prefer"] = fmt
         return self
+
+    def cpu_weight_format(self, fmt: str) -> LoadConfigBuilder:
+        """How the CPU backend holds weight matrices: ``"f32"`` (default) or ``"f16"`` (lower memory)."""
+        self._fields["cpu_weight_format"] = fmt
+        return self
+
+    def cpu_f16(self) -> LoadConfigBuilder:
+        """The lower-memory CPU mode: weight matrices in float16, computed in float32 a tile at a time."""
+        return self.cpu_weight_format("f16")
 
     def prefer_safetensors(self) -> LoadConfigBuilder:
         return self.prefer("safetensors")
