@@ -9,7 +9,6 @@ agree on the top token, and the first step where their greedy choices differ.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from kjarni.errors import InvalidConfigurationError
 from kjarni.loader import load_model
 from kjarni.numpy_ops import NumpyOps
 from kjarni.progress import Progress
-from kjarni.quiet import quiet_mesa
+from kjarni.quiet import notice, quiet_mesa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +74,9 @@ def run_parity(
     quiet_mesa()
     label = name or str(path)
     context = context or WgpuContext()
-    _notice(f"parity: loading {label} on the CPU (numpy, float32)", quiet)
+    notice(f"parity: loading {label} on the CPU (numpy, float32)", quiet)
     cpu = load_model(path, ops=NumpyOps(), quiet=quiet)
-    _notice(f"parity: loading {label} on the GPU ({context.description}, {weight_format} weights)", quiet)
+    notice(f"parity: loading {label} on the GPU ({context.description}, {weight_format} weights)", quiet)
     gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format), quiet=quiet)
     ids = cpu.tokenizer.encode(prompt)
     if not ids:
@@ -117,7 +116,3 @@ def run_parity(
         gpu_tokens=tuple(gpu_tokens),
     )
 
-
-def _notice(message: str, quiet: bool) -> None:
-    if not quiet:
-        print(f"kjarni: {message}", file=sys.stderr, flush=True)

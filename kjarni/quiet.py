@@ -1,4 +1,5 @@
-"""Keeping what kjarni's dependencies print off the user's terminal.
+"""What kjarni prints besides text: notices (``notice``), and keeping what its dependencies
+print off the user's terminal (``quiet_mesa``).
 
 Mesa's Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
 on stderr, straight from C, every time WebGPU adapters are enumerated in a session without one
@@ -10,7 +11,14 @@ and ``kjarni parity`` before they first look for a GPU.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+
+
+def notice(message: str, quiet: bool) -> None:
+    """An informational line on stderr (stdout carries generated text), unless ``quiet``."""
+    if not quiet:
+        print(f"kjarni: {message}", file=sys.stderr, flush=True)
 
 
 def quiet_mesa() -> None:

@@ -47,6 +47,7 @@ from kjarni.errors import (
     UnknownModelError,
 )
 from kjarni.progress import Progress, format_bytes
+from kjarni.quiet import notice
 from kjarni.registry import ModelEntry, PyPIGguf
 
 Prefer = Literal["gguf", "safetensors"]
@@ -159,7 +160,7 @@ def resolve(
         registry.find_entry(text)  # raises UnknownModelError with its suggestions
     assert entry is not None
     if exists:
-        _notice(
+        notice(
             f"{text!r} is the registry model {entry.name}; the local {'folder' if local.is_dir() else 'file'} "
             f"{local.absolute()} is not used (pass ./{text} to load it instead)",
             quiet,
@@ -210,9 +211,10 @@ def pull(
     try:
         registry.find_entry(name)  # a name, never a path: pulling a local file means nothing
     except UnknownModelError:
-        if hub.parse_reference(name) is None:
+        reference = hub.parse_reference(name)
+        if reference is None:
             raise
-        return _resolve_hub(hub.parse_reference(name), cache_dir, DownloadPolicy.IF_MISSING, quiet)  # type: ignore[arg-type]
+        return _resolve_hub(reference, cache_dir, DownloadPolicy.IF_MISSING, quiet)
     return resolve(name, cache_dir=cache_dir, policy=DownloadPolicy.IF_MISSING, quiet=quiet, prefer=prefer or "gguf")
 
 
@@ -280,10 +282,6 @@ def _looks_like_path(text: str) -> bool:
         or text.lower().endswith((".gguf", ".safetensors", ".json"))
     )
 
-
-def _notice(message: str, quiet: bool) -> None:
-    if not quiet:
-        print(f"kjarni: {message}", file=sys.stderr, flush=True)
 
 
 def _local_source(path: Path) -> ModelSource:

@@ -26,7 +26,7 @@ def measure(name: str, decode_steps: int, prompt_tokens: int, cpu_weights: str =
     start = time.perf_counter()
     loaded = load_model(path, ops=NumpyOps(weight_format=cpu_weights), quiet=True)
     load_seconds = time.perf_counter() - start
-    rss_after_load = _current_rss_mb()
+    rss_after_load, anon_after_load = _current_rss_mb("VmRSS:"), _current_rss_mb("RssAnon:")
     model = loaded.model
     prompt = np.arange(prompt_tokens, dtype=np.int32) % 1000 + 100
     cache = model.new_cache(prompt_tokens + decode_steps + 1)
@@ -47,16 +47,18 @@ def measure(name: str, decode_steps: int, prompt_tokens: int, cpu_weights: str =
         "decode_steps": decode_steps,
         "decode_ms_per_token": round(1000 * decode_seconds / decode_steps, 2),
         "rss_after_load_mb": rss_after_load,
+        "anon_rss_after_load_mb": anon_after_load,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
-def _current_rss_mb() -> float | None:
-    """Resident memory now (Linux /proc), what the model holds once loading's transients are gone."""
+def _current_rss_mb(field: str) -> float | None:
+    """Resident memory now (Linux /proc): ``VmRSS:`` all of it, ``RssAnon:`` without the model file's
+    memory-mapped pages (which the kernel can drop and re-read)."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         pass
