@@ -23,14 +23,13 @@ def _as_f32(part: WeightSource) -> np.ndarray:
 
 
 ATTENTION_ROWS = 64
-"""Query rows per attention step: bounds the scores buffer to rows x heads x keys."""
+"""Query rows per attention step (fewer where the scores would pass ``ATTENTION_BYTES``): speed only."""
+
+ATTENTION_BYTES = 64 << 20
+"""Bound on one attention step's scores buffer (``kv_heads x rows x keys x groups`` float32)."""
 
 KEY_CHUNK = 256
-"""Keys per chunk of the softmax sum and of the value product, chunks aligned to position 0.
-
-Below OpenBLAS's sgemm K block (448 with its SkylakeX kernels, measured), so each chunk's product
-runs over its keys in one pass, whatever the batch (see ``_attend``)."""
-
+"""Keys per product in attention, chunks aligned to position 0: every product has one shape."""
 
 F16_TILE_ELEMENTS = 1 << 18
 """Weights widened to float32 per step of the f16 path: 1 MiB, which stays in L2 while it is used."""
@@ -117,7 +116,7 @@ class NumpyOps:
     decode_ahead = 1  # results are ready when computed: nothing to gain from running ahead
 
     def __init__(self, attention_rows: int = ATTENTION_ROWS, weight_format: str = "f32") -> None:
-        # Query rows per attention step: any value gives the same numbers (see _attend), only speed.
+        # Query rows per attention step: any value gives the same bits (see _attend), only speed.
         self.attention_rows = attention_rows
         if weight_format not in WEIGHT_FORMATS:
             raise InvalidConfigurationError(
@@ -233,15 +232,19 @@ class NumpyOps:
         _, num_kv_heads, _, head_dim = kv_cache.keys.shape
         num_heads = q.shape[1] // head_dim
         groups = num_heads // num_kv_heads
-        # [kv_heads, groups, tokens, head_dim], scaled: query heads sharing one kv head sit together.
-        q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 2, 0, 3)
+        # [kv_heads, tokens, groups, head_dim], scaled: a row's query heads sharing one kv head sit
+        # together, one small matrix per row and kv head.
+        q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 0, 2, 3)
         q = np.multiply(q, np.float32(1.0 / np.sqrt(head_dim)), order="C")
         keys, values = kv_cache.keys[layer], kv_cache.values[layer]  # [kv_heads, capacity, head_dim]
         out = np.empty_like(q)
-        for t in range(0, tokens, self.attention_rows):
-            end = min(tokens, t + self.attention_rows)
-            out[:, :, t:end] = _attend(q[:, :, t:end], keys, values, start + t, window)
-        return out.transpose(2, 0, 1, 3).reshape(tokens, num_heads * head_dim)
+        last_chunk = (start + tokens - 1) // KEY_CHUNK
+        row_bytes = num_kv_heads * (last_chunk + 1) * groups * KEY_CHUNK * 4
+        step = max(1, min(self.attention_rows, ATTENTION_BYTES // row_bytes))
+        for t in range(0, tokens, step):
+            end = min(tokens, t + step)
+            out[:, t:end] = _attend(q[:, t:end], keys, values, start + t, window)
+        return out.transpose(1, 0, 2, 3).reshape(tokens, num_heads * head_dim)
 
     def silu_mul(self, x: np.ndarray) -> np.ndarray:
         half = x.shape[1] // 2
@@ -287,62 +290,64 @@ _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 def _attend(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_position: int, window: int | None
 ) -> np.ndarray:
-    """Attention of scaled query rows ``[kv_heads, groups, rows, head_dim]`` at consecutive positions.
+    """Attention of scaled query rows ``[kv_heads, rows, groups, head_dim]`` at consecutive positions.
 
-    A row gets the same bits however many rows it is computed with, so a prefix cache's tail
-    prefill matches a cold prefill exactly. Each step is elementwise, exact (the max), or a sum
-    whose terms and order depend only on the row's position: scores are dot products over
-    ``head_dim``; the softmax sum and the value product go over chunks of KEY_CHUNK keys aligned to
-    position 0, each summed whole (a hidden key weighs exactly 0), then chunk after chunk. (One
-    product over all the keys would not do: BLAS splits a long sum where the total length says,
-    and that length is the batch's.) Every product spans whole chunks, a cache ending inside one
-    being zero-filled, which also keeps a short prompt's products off BLAS's small-matrix kernels
-    (they round differently).
+    A row gets the same bits however many rows it is computed with, on any BLAS, by construction:
+    every matrix product is one query row's ``[groups, head_dim]`` against one chunk of KEY_CHUNK
+    keys aligned to position 0 (scores, ``[groups, KEY_CHUNK]``), or those weights against the
+    chunk's values, so each product's shapes and inputs are the row's own whatever the batch (a
+    chunk the cache ends inside is zero-filled to full size). The rest is elementwise, exact (the
+    max), numpy's sum over one chunk's KEY_CHUNK contiguous weights (its order fixed by that
+    length), or chunk after chunk in order. Keys a row does not see weigh exactly 0, so the chunks
+    a batch adds past a row's last one change nothing. (One product for many rows would not do:
+    BLAS picks its kernels, and so its rounding, by the matrix sizes, which are the batch's.)
     """
-    num_kv_heads, groups, rows, head_dim = q.shape
-    height = groups * rows
-    q = q.reshape(num_kv_heads, height, head_dim)
+    num_kv_heads, rows, groups, head_dim = q.shape
     last_position = first_position + rows - 1
-    chunks = last_position // KEY_CHUNK + 1
-    width = chunks * KEY_CHUNK
-    whole = min(chunks, keys.shape[1] // KEY_CHUNK)  # chunks the cache holds in full
-    held = whole * KEY_CHUNK
-    scores = np.empty((num_kv_heads, height, width), dtype=np.float32)
-    # One product per kv head, without broadcasting (and so copying) the keys to every query head.
-    np.matmul(q, keys[:, :held].swapaxes(1, 2), out=scores[:, :, :held])
-    if held < width:  # the cache ends inside the last chunk: zeros for its missing (hidden) keys
-        np.matmul(q, _zero_filled(keys[:, held:], KEY_CHUNK).swapaxes(1, 2), out=scores[:, :, held:])
-    by_row = scores.reshape(num_kv_heads, groups, rows, width)
+    # Chunks some row sees: from the first inside the earliest row's window to the last row's own.
+    first = 0 if window is None else max(0, first_position - window + 1) // KEY_CHUNK
+    end = last_position // KEY_CHUNK + 1
+    chunks = end - first
+    whole = min(end, keys.shape[1] // KEY_CHUNK) - first  # chunks the cache holds in full
+    low, held = first * KEY_CHUNK, (first + whole) * KEY_CHUNK
+
+    def by_chunk(part: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``part``'s full chunks ``[kv_heads, 1, whole, KEY_CHUNK, head_dim]``, and the last one zero-filled."""
+        full = part[:, low:held].reshape(num_kv_heads, 1, whole, KEY_CHUNK, head_dim)
+        if whole == chunks:
+            return full, None
+        last = np.zeros((num_kv_heads, 1, 1, KEY_CHUNK, head_dim), dtype=np.float32)
+        last[:, 0, 0, : part.shape[1] - held] = part[:, held:]
+        return full, last
+
+    # Scores [kv_heads, rows, chunks, groups, KEY_CHUNK]: one product per row, kv head and chunk.
+    scores = np.empty((num_kv_heads, rows, chunks, groups, KEY_CHUNK), dtype=np.float32)
+    q = q[:, :, None]
+    full, last = by_chunk(keys)
+    np.matmul(q, full.swapaxes(-1, -2), out=scores[:, :, :whole])
+    if last is not None:
+        np.matmul(q, last.swapaxes(-1, -2), out=scores[:, :, whole:])
     positions = np.arange(first_position, last_position + 1)[:, None]
-    future = np.arange(first_position + 1, width)[None, :] > positions
-    np.copyto(by_row[..., first_position + 1 :], -np.inf, where=future)
-    if window is not None and last_position >= window:  # keys that slid out of some row's window
-        gone = np.arange(last_position - window + 1)[None, :] <= positions - window
-        np.copyto(by_row[..., : last_position - window + 1], -np.inf, where=gone)
-    scores -= scores.max(axis=-1, keepdims=True)
+    key_positions = np.arange(low, end * KEY_CHUNK)[None, :]
+    hidden = key_positions > positions
+    if window is not None:
+        hidden |= key_positions <= positions - window
+    np.copyto(scores, -np.inf, where=hidden.reshape(rows, chunks, 1, KEY_CHUNK))
+    scores -= scores.max(axis=(2, 4), keepdims=True)
     np.exp(scores, out=scores)
 
-    by_chunk = scores.reshape(num_kv_heads, height, chunks, KEY_CHUNK)
-    sums = by_chunk.sum(axis=-1)  # [kv_heads, height, chunks]
-    products = by_chunk[:, :, :whole].swapaxes(1, 2) @ values[:, :held].reshape(
-        num_kv_heads, whole, KEY_CHUNK, head_dim)  # [kv_heads, chunks, height, head_dim]
-    if held < width:
-        last = by_chunk[:, :, whole] @ _zero_filled(values[:, held:], KEY_CHUNK)
-        products = np.concatenate((products, last[:, None]), axis=1)
-    mixed = np.zeros((num_kv_heads, height, head_dim), dtype=np.float32)
-    total = np.zeros((num_kv_heads, height), dtype=np.float32)
-    for chunk in range(chunks):  # in order; a chunk a row does not see adds exact zeros
-        mixed += products[:, chunk]
+    sums = scores.sum(axis=-1)  # [kv_heads, rows, chunks, groups]
+    products = np.empty((num_kv_heads, rows, chunks, groups, head_dim), dtype=np.float32)
+    full, last = by_chunk(values)
+    np.matmul(scores[:, :, :whole], full, out=products[:, :, :whole])
+    if last is not None:
+        np.matmul(scores[:, :, whole:], last, out=products[:, :, whole:])
+    mixed, total = products[:, :, 0].copy(), sums[:, :, 0].copy()
+    for chunk in range(1, chunks):  # in order; a chunk a row does not see adds exact zeros
+        mixed += products[:, :, chunk]
         total += sums[:, :, chunk]
-    mixed /= total[:, :, None]
-    return mixed.reshape(num_kv_heads, groups, rows, head_dim)
-
-
-def _zero_filled(part: np.ndarray, positions: int) -> np.ndarray:
-    """``part`` (``[kv_heads, n, head_dim]``, ``n <= positions``) followed by zeros up to ``positions``."""
-    filled = np.zeros((part.shape[0], positions, part.shape[2]), dtype=np.float32)
-    filled[:, : part.shape[1]] = part
-    return filled
+    mixed /= total[..., None]
+    return mixed
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -15,8 +15,11 @@ what that generation left in it.
 
 Positions below the shared prefix are never written by the generation that borrows the cache
 (``trim`` only moves ``offset``), so the reused keys and values are byte-identical to what the
-earlier call computed. Whether the logits then equal a cold prefill bit for bit is a property of
-the backend, not of the cache: see ``docs/benchmarks.md`` (prefix cache) for what NumpyOps gives.
+earlier call computed, and a tail prefill gets the same logits as the same split done from scratch.
+Against one cold prefill of the whole prompt the logits agree to float32 rounding, not bit for bit:
+the tail's linears run on fewer rows, and BLAS may pick another kernel, summing in another order,
+for another row count (see ``docs/api.md``, the prefix cache). Greedy tokens are the same unless two
+top logits lie within that rounding of each other.
 """
 
 from __future__ import annotations
@@ -79,11 +82,8 @@ class PrefixCache:
         if not prompt or len(prompt) >= self.capacity or needed > self.capacity:
             self._lent = False
             return None
-        # Leave at least two prompt tokens to prefill: NumpyOps then computes every remaining row
-        # exactly as a cold prefill would (its attention gives a row the same bits in any batch; a
-        # product of two or more rows is batch-invariant at real model sizes, one row takes BLAS's
-        # matrix-vector path and rounds differently). It costs at most one re-prefilled token.
-        shared = min(_shared_prefix(self._ids, prompt), max(len(prompt) - 2, 0))
+        # Leave at least one prompt token to prefill: its logits give the first generated token.
+        shared = min(_shared_prefix(self._ids, prompt), len(prompt) - 1)
         self.kv_cache.trim(self.kv_cache.offset - shared)
         self._ids = prompt[:shared]
         self._taken = prompt

@@ -64,13 +64,13 @@ def test_a_chat_replaying_its_history_reuses_the_previous_answer(model):
     assert model.forwards[0] == 4  # the answer's last token and the three new ones
 
 
-def test_a_fully_cached_prompt_reruns_only_its_last_two_tokens(model):
-    """Two, not one: a one-row product rounds differently from a prefill's (see PrefixCache.take)."""
+def test_a_fully_cached_prompt_reruns_only_its_last_token(model):
+    """Its logits give the first generated token, so the last prompt token is always fed."""
     prefix = PrefixCache(model, 128)
     first = _generate(model, PROMPT, prefix_cache=prefix)
     model.forwards.clear()
     assert _generate(model, PROMPT, prefix_cache=prefix) == first
-    assert model.forwards[0] == 2
+    assert model.forwards[0] == 1
 
 
 def test_a_diverging_prompt_trims_the_cache_to_the_common_prefix(model):
@@ -139,6 +139,27 @@ def test_remember_without_take_or_with_other_ids_trusts_nothing_new(tiny):
 
 # ---------------------------------------------------------------- logits
 
+ROUNDING = 2.0**-16
+"""Cached vs cold logits: at most this times the largest cold logit (docs/api.md, the prefix cache).
+
+The tail prefill's linears run on fewer rows than the cold prefill's, and BLAS may take another
+kernel, summing the same terms in another order, for another row count; float32 rounding (one ulp
+is 2^-23 of a value) then differs through every layer. 2^-16 is 128 to 256 ulps of the largest
+logit, about 9x the largest difference measured on real Qwen2.5 weights under OpenBLAS's Haswell,
+Sandybridge and Prescott kernels (2.1e-5 on logits up to 12.3);
+a real mistake (a stale key, a wrong position) moves logits by 1e-2 or more.
+"""
+
+
+def assert_logits_within_rounding(got: np.ndarray, cold: np.ndarray, what: object = "") -> None:
+    """``got`` is ``cold`` to ``ROUNDING``, and has its argmax wherever rounding cannot flip it."""
+    bound = ROUNDING * float(np.abs(cold).max())
+    diff = float(np.abs(got - cold).max())
+    assert diff <= bound, (what, diff, bound)
+    second, first = np.sort(cold)[-2:]
+    if first - second > 2 * bound:  # a near tie may go either way; anything else may not
+        assert int(np.argmax(got)) == int(np.argmax(cold)), (what, float(first - second))
+
 
 def test_reused_positions_are_byte_identical_and_add_no_error(tiny):
     """Logits through the prefix cache equal, bit for bit, the same split prefill done from scratch.
@@ -164,29 +185,24 @@ def test_reused_positions_are_byte_identical_and_add_no_error(tiny):
     assert np.array_equal(tiny.ops.read(tiny.forward(tail, fresh, logits="all")), cached)
 
 
-def test_logits_with_the_cache_match_a_cold_prefill_within_blas_rounding(tiny):
-    """Cached logits vs one cold prefill of the whole prompt: within 2e-5 (logits of magnitude ~5).
+def test_logits_with_the_cache_match_a_cold_prefill_within_float32_rounding(tiny):
+    """Cached logits vs one cold prefill of the whole prompt: within ``ROUNDING``, same greedy token.
 
-    Not bit-identical at these tiny shapes: OpenBLAS picks its kernels by matrix size, so a tiny
-    linear rounds a row differently inside batches of different lengths. At real model sizes every
-    product of two or more rows is batch-invariant and the logits are identical (the slow test
-    below, on Qwen2.5 weights). Measured here: up to 3e-6.
+    Not bit for bit: BLAS may round a row of a linear differently in batches of different lengths.
     """
     rng = np.random.default_rng(0)
     ids = [int(t) for t in rng.integers(3, 97, size=60)]
     cold_cache = tiny.new_cache(64)
     cold = tiny.ops.read(tiny.forward(ids, cold_cache, logits="last"))[0]
-    worst = 0.0
     for head in (1, 2, 9, 31, 58, 59):
         prefix = PrefixCache(tiny, 64)
         kv = prefix.take(ids[:head])
         tiny.forward(ids[:head], kv)
         prefix.remember(ids[:head])
         kv = prefix.take(ids)
+        assert kv.offset == min(head, len(ids) - 1)
         cached = tiny.ops.read(tiny.forward(ids[kv.offset :], kv, logits="last"))[0]
-        worst = max(worst, float(np.abs(cached - cold).max()))
-        assert int(np.argmax(cached)) == int(np.argmax(cold))
-    assert worst <= 2e-5, worst
+        assert_logits_within_rounding(cached, cold, head)
 
 
 # ---------------------------------------------------------------- with speculative decoding
@@ -226,14 +242,14 @@ def test_gpu_logits_with_the_cache_match_a_cold_prefill(tmp_path, gpu_ops):
         model.forward(ids[:head], prefix.take(ids[:head]))
         prefix.remember(ids[:head])
         kv = prefix.take(ids)
-        assert kv.offset == min(head, len(ids) - 2)
+        assert kv.offset == min(head, len(ids) - 1)
         cached = model.ops.read(model.forward(ids[kv.offset :], kv))[0]
         np.testing.assert_allclose(cached, cold, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
-def test_real_model_logits_with_the_cache_are_bit_identical_to_a_cold_prefill():
-    """On real Qwen2.5 weights, where every product of two or more rows is batch-invariant.
+def test_real_model_logits_with_the_cache_match_a_cold_prefill_within_float32_rounding():
+    """The same on real Qwen2.5 weights (logits up to about 20), tails of 64, 10, 1 and 1 rows.
 
     The cold cache ends inside one of NumpyOps' 256-key chunks (320 positions); the prefix caches hold
     320 or 512.
@@ -249,6 +265,6 @@ def test_real_model_logits_with_the_cache_are_bit_identical_to_a_cold_prefill():
         model.forward(ids[:head], prefix.take(ids[:head]))
         prefix.remember(ids[:head])
         kv = prefix.take(ids)
-        assert kv.offset == min(head, len(ids) - 2)
+        assert kv.offset == min(head, len(ids) - 1)
         cached = model.ops.read(model.forward(ids[kv.offset :], kv))[0]
-        assert np.array_equal(cached, cold), (head, float(np.abs(cached - cold).max()))
+        assert_logits_within_rounding(cached, cold, head)
