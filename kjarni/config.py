@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -289,8 +290,12 @@ class ModelConfig:
             raise InvalidModelError(f"{source}: architecture {arch} is not supported; supported: {_supported_list()}")
 
         tensor_shapes = {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors}
-        hidden = meta.require(f"{arch}.embedding_length")
-        heads = meta.require(f"{arch}.attention.head_count")
+        hidden = meta.count(f"{arch}.embedding_length")
+        heads = meta.count(f"{arch}.attention.head_count")
+        kv_heads = meta.count(f"{arch}.attention.head_count_kv", default=heads)
+        head_dim = meta.count(f"{arch}.attention.key_length", default=hidden // heads or None)
+        layers = meta.count(f"{arch}.block_count")
+        _check_block_count(layers, tensor_shapes, source, f"{arch}.block_count")
         vocab = None
         if "token_embd.weight" in tensor_shapes:
             vocab = tensor_shapes["token_embd.weight"][-1]  # GGUF shapes are (cols, rows)
@@ -313,7 +318,6 @@ class ModelConfig:
                 rope_scaling["original_max_position_embeddings"] = int(original)
         rope_scaling = _gguf_rope_tensors(reader, meta, arch) or rope_scaling
         rope_dims = meta.get(f"{arch}.rope.dimension_count")
-        head_dim = meta.get(f"{arch}.attention.key_length") or hidden // heads
 
         eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon")
         theta = meta.get(f"{arch}.rope.freq_base")
@@ -321,12 +325,12 @@ class ModelConfig:
             "model_type": arch,
             "vocab_size": int(vocab),
             "hidden_size": hidden,
-            "intermediate_size": meta.require(f"{arch}.feed_forward_length"),
-            "num_hidden_layers": meta.require(f"{arch}.block_count"),
+            "intermediate_size": meta.count(f"{arch}.feed_forward_length"),
+            "num_hidden_layers": layers,
             "num_attention_heads": heads,
-            "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv") or heads,
-            "head_dim": meta.get(f"{arch}.attention.key_length"),
-            "max_position_embeddings": meta.get(f"{arch}.context_length") or 2048,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": meta.count(f"{arch}.context_length", default=2048),
             "rms_norm_eps": _f32_round(eps) if eps is not None else 1e-6,
             "rope_theta": _f32_round(theta) if theta is not None else 10000.0,
             "rope_scaling": rope_scaling,
@@ -347,6 +351,22 @@ class ModelConfig:
             if k in kwargs:
                 kwargs[k] = int(kwargs[k])
         return cls(**kwargs, source=source)
+
+
+_GGUF_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _check_block_count(layers: int, tensor_shapes: dict[str, Any], source: str, key: str) -> None:
+    """The layer count must match the blocks the file has tensors for (llama.cpp refuses a
+    tensor count mismatch too): checked against the tensors present, before anything is sized by it."""
+    blocks = {int(m.group(1)) for name in tensor_shapes if (m := _GGUF_BLOCK.match(name))}
+    if len(blocks) != layers or (blocks and max(blocks) != layers - 1):  # never range(layers): it may be 2**32
+        found = f"blk.0 .. blk.{max(blocks)}" if blocks and max(blocks) == len(blocks) - 1 else (
+            f"{len(blocks)} blocks numbered {sorted(blocks)[:4]}{' ...' if len(blocks) > 4 else ''}")
+        raise LoadFailedError(
+            f"{source}: GGUF metadata {key} = {layers} but the file has tensors for {found}; the metadata "
+            "and the tensors disagree. Re-download or re-convert the file"
+        )
 
 
 def _gguf_rope_tensors(reader: Any, meta: _GgufMeta, arch: str) -> dict[str, Any] | None:
@@ -527,6 +547,21 @@ class _GgufMeta:
             raise LoadFailedError(f"{self.source}: GGUF metadata {key} cannot be read ({exc}); the file is corrupted") from None
         if isinstance(value, np.generic):
             value = value.item()
+        return value
+
+    def count(self, key: str, *, default: int | None = None) -> int:
+        """A positive integer: a size or count. Absent: ``default`` (None: required). 0, a negative
+        number or a non-integer is refused naming the key: ``or default`` would hide a 0."""
+        value = self.get(key)
+        if value is None and default is not None:
+            return default
+        if value is None:
+            raise LoadFailedError(f"{self.source}: GGUF metadata lacks {key}; the file is incomplete or not a model")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise LoadFailedError(
+                f"{self.source}: GGUF metadata {key} = {value!r:.80} is not a positive integer; the file is "
+                "corrupted or badly converted. Re-download or re-convert it"
+            )
         return value
 
     def require(self, key: str) -> Any:

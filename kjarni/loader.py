@@ -7,6 +7,8 @@ GGUF) files.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -84,8 +86,13 @@ def load_model(
     prefer: str = "safetensors",
     quiet: bool = True,
     check: Callable[[Weights, ModelConfig], None] | None = None,
+    max_context: int | None = None,
 ) -> LoadedModel:
     """Load the model at ``path`` onto ``ops`` (the numpy backend unless given).
+
+    ``max_context`` caps the context the model is built for (its RoPE table is sized by it). A
+    file whose context would need more memory than the machine has for that table is refused,
+    naming ``max_context`` as the fix, rather than attempted.
 
     With ``quiet=False`` a progress bar on stderr counts the weight bytes converted and uploaded.
     ``check(weights, config)`` runs after the files are read and before anything is uploaded
@@ -105,11 +112,53 @@ def load_model(
         generation_config = source / "generation_config.json"
         defaults = GenerationDefaults.from_json(generation_config) if generation_config.exists() else GenerationDefaults()
     check_shapes(weights, config)
+    config = fit_context(config, max_context)
     if check is not None:
         check(weights, config)
     with Progress(_stored_bytes(weights), f"loading {source.name}", quiet) as bar:
         model = _counting_uploads(ops, bar, lambda: build_model(config, weights, ops))
     return LoadedModel(source, config, tokenizer, defaults, weights, model)
+
+
+def fit_context(config: ModelConfig, max_context: int | None = None) -> ModelConfig:
+    """``config`` with its context capped to ``max_context``; refused when what the load sizes by
+    the context (the RoPE table and its temporaries) would take more than half the available memory."""
+    if max_context is not None and max_context < config.max_position_embeddings:
+        scaling = config.rope_scaling
+        if scaling is not None and scaling.get("rope_type") == "longrope" and scaling.get("factor") is None:
+            # LongRoPE's attention factor derives from the full context: keep it as the file means it.
+            scaling = {**scaling, "factor": config.max_position_embeddings / scaling["original_max_position_embeddings"]}
+        config = dataclasses.replace(config, max_position_embeddings=max_context, rope_scaling=scaling)
+    needed = config.max_position_embeddings * _ROPE_BYTES_PER_DIM * (config.rotary_dim or config.head_dim)
+    available = _available_memory()
+    if available is not None and needed > available // 2:
+        raise LoadFailedError(
+            f"{config.source}: a context of {config.max_position_embeddings} positions needs "
+            f"{needed / 2**30:.1f} GiB for its RoPE table alone, more than half of the {available / 2**30:.1f} GiB "
+            "of memory available; load it with a smaller max_context "
+            "(with_load_config(lambda c: c.max_context(4096))), or fix the file's context_length"
+        )
+    return config
+
+
+_ROPE_BYTES_PER_DIM = 16
+"""Bytes per position and rotary dimension while a RoPE table is built: the float32 table and
+about three temporaries of its size (angles, cos, sin)."""
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the system can give now (MemAvailable), or None where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _stored_bytes(weights: Weights) -> int:

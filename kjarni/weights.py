@@ -260,7 +260,18 @@ def _gpt2_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_shapes(weights: Weights, config: ModelConfig) -> None:
-    """Raise LoadFailedError naming the first tensor that is missing or disagrees with the config."""
+    """Raise LoadFailedError naming the first tensor that is missing or disagrees with the config.
+
+    The layer count is checked against the layers the tensors hold first, so a config claiming
+    2**32 layers is refused before a shape is computed for any of them.
+    """
+    layers = {int(m.group(1)) for name in weights.names() if (m := _LAYER_NAME.match(name))}
+    if len(layers) != config.num_hidden_layers or (layers and max(layers) != config.num_hidden_layers - 1):
+        held = f"layers 0 .. {max(layers)}" if layers and max(layers) == len(layers) - 1 else f"{len(layers)} layers"
+        raise LoadFailedError(
+            f"{weights.path}: the config says num_hidden_layers = {config.num_hidden_layers} but the tensors hold "
+            f"{held}; the weights and the config do not belong to the same model"
+        )
     for name, expected in expected_shapes(config).items():
         if name not in weights:
             raise LoadFailedError(
@@ -282,6 +293,8 @@ def check_shapes(weights: Weights, config: ModelConfig) -> None:
             )
 
 
+_LAYER_NAME = re.compile(r"(?:model\.layers|transformer\.h)\.(\d+)\.")
+
 # ================================================================ safetensors
 
 _ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}  # bf16 kept as bits
@@ -298,6 +311,11 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
                     f"{path} is truncated: {size} bytes, shorter than the 8-byte header length; download it again"
                 )
             header_len = int.from_bytes(head, "little")
+            if header_len > _ST_MAX_HEADER:
+                raise LoadFailedError(
+                    f"{path} is corrupted: its header length field says {header_len} bytes, more than the "
+                    f"{_ST_MAX_HEADER} safetensors allows; download it again"
+                )
             if 8 + header_len > size:
                 raise LoadFailedError(
                     f"{path} is truncated or corrupted: its header claims {header_len} bytes but the file has "
@@ -310,6 +328,9 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
         header = json.loads(header_bytes)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LoadFailedError(f"{path} has a corrupted safetensors header (not valid JSON: {exc}); download it again") from None
+    except RecursionError:
+        raise LoadFailedError(f"{path} has a corrupted safetensors header (JSON nested too deeply to be one); "
+                              "download it again") from None
     if not isinstance(header, dict):
         raise LoadFailedError(f"{path} has a corrupted safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
@@ -317,12 +338,15 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     data_start = 8 + header_len
     buffer = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray) if size else np.empty(0, np.uint8)
     tensors: dict[str, np.ndarray] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
-        try:
-            dtype_name, shape, (begin, end) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
-            begin, end = int(begin), int(end)
-        except (TypeError, KeyError, ValueError):
-            raise LoadFailedError(f"{path} has a corrupted safetensors header: bad entry for tensor {name}: {info!r}") from None
+        entry = _st_entry(info)
+        if entry is None:
+            raise LoadFailedError(
+                f"{path} has a corrupted safetensors header: bad entry for tensor {name}: {info!r:.200} (expected "
+                '{"dtype": str, "shape": [non-negative ints], "data_offsets": [begin, end]}); download it again'
+            )
+        dtype_name, shape, begin, end = entry
         dtype = _ST_DTYPES.get(dtype_name)
         if dtype is None:
             raise InvalidModelError(
@@ -330,7 +354,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
                 "(quantized safetensors such as GPTQ/AWQ are not supported; use the unquantized model or a GGUF)"
             )
         nbytes = math.prod(shape) * dtype.itemsize
-        if min(shape, default=0) < 0 or begin < 0 or end - begin != nbytes:
+        if begin < 0 or end - begin != nbytes:
             raise LoadFailedError(
                 f"{path} has a corrupted safetensors header: tensor {name} is {dtype_name}{shape} "
                 f"({nbytes} bytes) but its data_offsets span {end - begin} bytes"
@@ -340,8 +364,46 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
                 f"{path} is truncated: tensor {name} ends at byte {data_start + end} but the file has only "
                 f"{size} bytes; download it again"
             )
+        spans.append((begin, end, name))
         tensors[name] = buffer[data_start + begin:data_start + end].view(dtype).reshape(shape)
+    _check_st_spans(path, spans, size - data_start)
     return tensors
+
+
+_ST_MAX_HEADER = 100_000_000  # the safetensors library's own limit on the JSON header
+
+
+def _st_entry(info: Any) -> tuple[str, list[int], int, int] | None:
+    """(dtype, shape, begin, end) of one header entry, or None when it is not well-formed."""
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not isinstance(info, dict):
+        return None
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2:
+        return None
+    if not all(is_int(d) and d >= 0 for d in shape) or not all(is_int(o) for o in offsets):
+        return None
+    return dtype, shape, offsets[0], offsets[1]
+
+
+def _check_st_spans(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> None:
+    """Tensors tile the data section exactly, as the safetensors library checks: no overlap, no gap."""
+    expected = 0
+    for begin, end, name in sorted(spans):
+        if begin != expected:
+            what = "overlaps the tensor before it" if begin < expected else f"leaves a gap of {begin - expected} bytes"
+            raise LoadFailedError(
+                f"{path} has a corrupted safetensors header: tensor {name}'s data_offsets [{begin}, {end}] "
+                f"{what} (it should start at {expected}); download it again"
+            )
+        expected = end
+    if expected != data_size:
+        raise LoadFailedError(
+            f"{path} has a corrupted safetensors header: its tensors cover {expected} bytes of data but the "
+            f"file holds {data_size} after the header; download it again"
+        )
 
 
 def _load_safetensors_folder(folder: Path) -> Weights:
@@ -535,6 +597,11 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
             f"{path} {what}: its {exc.part} needs bytes up to {exc.end} but the file has only {size}; "
             "download it again"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise LoadFailedError(
+            f"{path}: a GGUF metadata key, string value or tensor name is not valid UTF-8 (byte "
+            f"{exc.object[exc.start]:#04x}: {exc.reason}); the file is corrupted. Download it again"
+        ) from None
     except ValueError as exc:
         if "GGMLQuantizationType" in str(exc):
             raise InvalidModelError(
@@ -542,7 +609,7 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
                 "quantization of the model"
             ) from None
         raise LoadFailedError(f"{path}: the GGUF header is corrupted ({exc}); download the file again") from None
-    except (KeyError, IndexError, OverflowError, TypeError, UnicodeDecodeError, MemoryError, OSError) as exc:
+    except (KeyError, IndexError, OverflowError, TypeError, MemoryError, OSError) as exc:
         raise LoadFailedError(
             f"{path}: the GGUF header is corrupted ({type(exc).__name__}: {exc}); download the file again"
         ) from None
@@ -564,14 +631,25 @@ def _load_gguf(path: Path) -> Weights:
     reader = open_gguf(path)
     size = path.stat().st_size
 
-    def meta_int(key: str) -> int | None:
+    def meta(key: str, kind: type) -> Any:
         field = reader.fields.get(key)
-        return None if field is None else int(field.contents())
+        if field is None:
+            return None
+        try:
+            value = field.contents()
+            if kind is int and (isinstance(value, (bool, float)) or not isinstance(value, (int, np.integer))):
+                raise TypeError(f"a {type(value).__name__}, not an integer")
+            return kind(value)
+        except Exception as exc:  # invalid UTF-8, a value of the wrong type: gguf raises assorted errors
+            raise LoadFailedError(
+                f"{path}: GGUF metadata {key} cannot be read as {kind.__name__} ({type(exc).__name__}: {exc}); "
+                "the file is corrupted. Re-download it"
+            ) from None
 
-    arch_field = reader.fields.get("general.architecture")
-    arch = str(arch_field.contents()) if arch_field is not None else ""
-    n_head = meta_int(f"{arch}.attention.head_count")
-    n_kv_head = meta_int(f"{arch}.attention.head_count_kv") or n_head
+    arch = meta("general.architecture", str) or ""
+    n_head = meta(f"{arch}.attention.head_count", int)
+    n_kv_head = meta(f"{arch}.attention.head_count_kv", int)
+    n_kv_head = n_head if n_kv_head is None else n_kv_head
     permuted = arch in GGUF_PERMUTED_ARCHS
 
     tensors: dict[str, Any] = {}
@@ -589,12 +667,18 @@ def _load_gguf(path: Path) -> Weights:
                 f"{size}; download it again"
             )
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        if t.tensor_type in (GGMLType.F32, GGMLType.F16):
-            value: Any = t.data.reshape(shape)
-        elif t.tensor_type == GGMLType.BF16:
-            value = t.data.view(np.uint16).reshape(shape)
-        else:
-            value = t.data.reshape(math.prod(shape[:-1]), -1)
+        try:
+            if t.tensor_type in (GGMLType.F32, GGMLType.F16):
+                value: Any = t.data.reshape(shape)
+            elif t.tensor_type == GGMLType.BF16:
+                value = t.data.view(np.uint16).reshape(shape)
+            else:
+                value = t.data.reshape(math.prod(shape[:-1]), -1)
+        except ValueError:  # dims whose product does not match the stored bytes, or quant rows that do not split
+            raise LoadFailedError(
+                f"{path}: tensor {t.name} claims shape {shape} ({t.tensor_type.name}) but holds {t.n_bytes} bytes "
+                "that do not form it; the file is corrupted. Re-download it"
+            ) from None
         if permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
             heads = n_head if ".q_proj." in name else n_kv_head
             if not heads or value.shape[0] % (2 * heads):

@@ -397,6 +397,7 @@ class GeneratorBuilder:
         try:
             loaded = load_model(
                 source.path, ops=ops, prefer=self._load_config.prefer or "safetensors", quiet=self._quiet,
+                max_context=self._load_config.max_context,
                 check=self._gpu_memory_check(ops, estimates, source.name) if device is KjarniDevice.GPU else None,
             )
         except KjarniError:
