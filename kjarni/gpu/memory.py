@@ -8,6 +8,7 @@ loading is reported with the same estimate (see ``GeneratorBuilder``).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,13 @@ def estimate(weights: Weights, config: ModelConfig, *, weight_format: str, kv_fo
     return GpuEstimate(int(total), kv * (2 if kv_format == "f16" else 4))
 
 
+def checked_budget(budget: object, where: str = "memory_budget") -> int:
+    """``budget`` (bytes) if it is a positive integer, else `InvalidConfigurationError`."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise InvalidConfigurationError(f"{where}={budget!r} must be a positive whole number of bytes")
+    return budget
+
+
 def budget_from_env() -> int | None:
     """``KJARNI_GPU_MEMORY_MB`` in bytes, or None when unset."""
     value = os.environ.get("KJARNI_GPU_MEMORY_MB")
@@ -67,6 +75,9 @@ def budget_from_env() -> int | None:
         megabytes = float(value)
     except ValueError:
         raise InvalidConfigurationError(f"KJARNI_GPU_MEMORY_MB={value!r} is not a number of megabytes") from None
-    if megabytes <= 0:
-        raise InvalidConfigurationError(f"KJARNI_GPU_MEMORY_MB={value!r} must be positive")
+    if not math.isfinite(megabytes) or megabytes <= 0:
+        raise InvalidConfigurationError(
+            f"KJARNI_GPU_MEMORY_MB={value!r} must be a positive, finite number of megabytes "
+            "(e.g. KJARNI_GPU_MEMORY_MB=8192 for 8 GiB); unset it for no budget"
+        )
     return int(megabytes * 2**20)
