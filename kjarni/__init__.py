@@ -12,6 +12,7 @@ from kjarni.errors import (
     LoadFailedError,
     ModelNotDownloadedError,
     UnknownModelError,
+    UnsuitableDeviceError,
 )
 
 __version__ = "0.1.0"
@@ -52,4 +53,5 @@ __all__ = [
     "LoadFailedError",
     "ModelNotDownloadedError",
     "UnknownModelError",
+    "UnsuitableDeviceError",
 ]

@@ -31,6 +31,17 @@ class GpuUnavailableError(KjarniError):
     """The GPU was asked for but no usable WebGPU adapter or device exists."""
 
 
+class UnsuitableDeviceError(GpuUnavailableError):
+    """A GPU device given to kjarni (an application's own) lacks limits kjarni needs.
+
+    ``missing_limits`` lists them as ``"name: have X, need Y"``.
+    """
+
+    def __init__(self, message: str, *, missing_limits: list[str]) -> None:
+        super().__init__(message)
+        self.missing_limits = list(missing_limits)
+
+
 class GenerationFailedError(KjarniError):
     """Generation could not run or stopped on an internal failure."""
 

@@ -1,11 +1,12 @@
 """WgpuContext: one WebGPU device and everything made on it once.
 
-It owns the adapter and device, buffers (weights, the KV cache, a pool of activation buffers),
+It holds the adapter and device (its own, or an application's: see `WgpuContext`), buffers (weights, the KV cache, a pool of activation buffers),
 pipelines (created once per kernel, variant and constants), bind groups (created once per set of
 buffers), the per-step data (one small uniform and the token ids, written once per forward) and a
 persistent MAP_READ staging buffer. Work is recorded lazily into one command encoder and one
 compute pass; `read` ends them, submits once and reads back only the bytes asked for. Several
-models (each a `WgpuOps`) may share one context.
+models (each a `WgpuOps`) may share one context. It runs on wgpu-py or wgpudawn
+(`kjarni.gpu.runtime`); the adapter is chosen by `kjarni.gpu.adapters`.
 """
 
 from __future__ import annotations
@@ -18,56 +19,14 @@ import numpy as np
 import wgpu
 
 from kjarni.errors import GenerationFailedError, GpuUnavailableError, InvalidConfigurationError
+from kjarni.gpu import adapters as _adapters
 from kjarni.gpu import kernels
+from kjarni.gpu.runtime import Runtime, load_runtime, requested_runtime, runtime_of
 
+# Flags and enum values are WebGPU's numbers and strings, the same in wgpu-py and wgpudawn.
 BU = wgpu.BufferUsage
 STORAGE = BU.STORAGE | BU.COPY_DST | BU.COPY_SRC
 UNIFORM = BU.UNIFORM | BU.COPY_DST
-
-_ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
-_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
-
-try:
-    # Recording calls straight into wgpu-native. wgpu-py's wrappers build a cffi array for the
-    # (always empty) dynamic offsets and capture errors around every call, about 5 us per
-    # dispatch in Python; a decode step records ~150 dispatches. Pass-recording errors surface at
-    # `finish` anyway. Falls back to the public API if wgpu-py's internals move.
-    from wgpu.backends.wgpu_native._ffi import ffi as _ffi
-    from wgpu.backends.wgpu_native._ffi import lib as _lib
-
-    _RAW_RECORDING: tuple | None = (
-        _lib.wgpuComputePassEncoderSetPipeline,
-        _lib.wgpuComputePassEncoderSetBindGroup,
-        _lib.wgpuComputePassEncoderDispatchWorkgroups,
-        _ffi.NULL,
-    )
-except Exception:  # another backend or a changed wgpu-py: use the public API
-    _RAW_RECORDING = None
-
-
-def _module_unchecked(device: Any, code: str, label: str) -> Any:
-    """A WGSL shader module compiled without naga's runtime checks (None when this wgpu-py has no
-    trusted entry point): what wgpu-py's ``create_shader_module`` does, through
-    ``wgpuDeviceCreateShaderModuleTrusted`` with ``WGPUShaderRuntimeChecks_None``."""
-    try:
-        from wgpu.backends.wgpu_native import _api
-    except ImportError:
-        return None
-    create = getattr(_api.lib, "wgpuDeviceCreateShaderModuleTrusted", None)
-    if create is None or not hasattr(_api, "new_struct_p"):
-        return None
-    source = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
-    source[0].chain.next = _api.ffi.NULL
-    source[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
-    desc = _api.new_struct_p(
-        "WGPUShaderModuleDescriptor *",
-        nextInChain=_api.ffi.cast("WGPUChainedStruct *", source),
-        label=_api.to_c_string_view(label),
-    )
-    handle = _api.libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, 0)
-    if handle == _api.ffi.NULL:
-        raise RuntimeError(f"shader module {label} could not be created")
-    return _api.GPUShaderModule(label, handle, device)
 
 
 def _describe(adapter: Any) -> str:
@@ -75,39 +34,23 @@ def _describe(adapter: Any) -> str:
     return f"{info.get('device') or info.get('description')} ({info.get('backend_type')}, {info.get('adapter_type')})"
 
 
-def find_adapter(name: str | None = None, backend: str | None = None) -> Any:
-    """The best adapter: discrete before integrated before CPU, filtered by backend and name.
-
-    ``backend`` defaults to the ``WGPU_BACKEND_TYPE`` environment variable (``Vulkan``, ``Metal``,
-    ``D3D12``, ``OpenGL``); ``name`` is a case-insensitive substring of the adapter's description.
+def find_adapter(
+    name: str | None = None,
+    backend: str | None = None,
+    *,
+    index: int | None = None,
+    power_preference: str | None = None,
+    runtime: str | None = None,
+) -> Any:
+    """The adapter `WgpuContext` would open (the runtime's GPUAdapter), by the rules of
+    `kjarni.gpu.adapters`: ``index`` (or ``KJARNI_GPU_ADAPTER``), the scheduler's GPU, else the
+    best one matching ``backend`` (default ``WGPU_BACKEND_TYPE``: ``Vulkan``, ``Metal``,
+    ``D3D12``, ``OpenGL``) and ``name`` (a case-insensitive substring of its description).
     """
-    backend = backend or os.environ.get("WGPU_BACKEND_TYPE", "").strip() or None
-    try:
-        adapters = list(wgpu.gpu.enumerate_adapters_sync())
-    except Exception as exc:  # the native library itself failed (no driver at all)
-        raise GpuUnavailableError(f"no WebGPU adapter: wgpu could not enumerate adapters ({exc})") from exc
-    found = [_describe(a) for a in adapters]
-    chosen = [
-        a
-        for a in adapters
-        if (backend is None or str(a.info.get("backend_type", "")).lower() == backend.lower())
-        and (name is None or name.lower() in a.summary.lower())
-    ]
-    if not chosen:
-        wanted = " and ".join(
-            part for part in (backend and f"backend {backend!r}", name and f"name containing {name!r}") if part
-        )
-        raise GpuUnavailableError(
-            f"no WebGPU adapter{' with ' + wanted if wanted else ''}; found: {', '.join(found) or 'none'}. "
-            "Install a Vulkan/Metal/D3D12 driver (on Linux without a GPU: mesa-vulkan-drivers), "
-            "or run on the CPU backend"
-        )
-
-    def rank(a: Any) -> tuple[int, int]:
-        info = a.info
-        return _ADAPTER_RANK.get(str(info.get("adapter_type")), 4), int(info.get("backend_type") == "OpenGL")
-
-    return min(chosen, key=rank)
+    choice = _adapters.select(
+        load_runtime(runtime), name=name, backend=backend, index=index, power_preference=power_preference
+    )
+    return choice.adapter.handle
 
 
 @dataclass
@@ -124,6 +67,8 @@ class Stats:
     pooled_bytes: int = 0
     weight_bytes: int = 0
     kernel_times: list[tuple[str, float]] = field(default_factory=list)
+    runtime: str = ""  # "wgpu-py 0.32.0 (wgpu-native)" or "wgpudawn 0.32.0.4 (Dawn)"
+    adapter: str = ""  # "NVIDIA H200 (Vulkan, DiscreteGPU)"
 
 
 class Scratch:
@@ -149,12 +94,28 @@ class Scratch:
 class WgpuContext:
     """A WebGPU device plus the buffers, pipelines and bind groups made on it, each once.
 
-    ``adapter_name`` picks an adapter by a substring of its description; ``backend`` forces a
-    backend (default: ``WGPU_BACKEND_TYPE``). ``max_binding_size`` lowers the storage binding
-    limit (tests use it to exercise the split of large weights across bindings).
+    Which device:
+
+    - ``device`` (and optionally its ``adapter``): an application's own GPUDevice, from wgpu-py
+      or wgpudawn. kjarni checks its limits up front (`UnsuitableDeviceError` names what is
+      missing; `kjarni.gpu.device_request` says what to ask for), uses only what it creates on
+      it, and never destroys or reconfigures it: `close` frees kjarni's buffers only.
+    - ``adapter``: an application's GPUAdapter; kjarni requests its own device on it.
+    - otherwise kjarni chooses an adapter of ``runtime`` (see `kjarni.gpu.adapters`):
+      ``adapter_index`` (else ``KJARNI_GPU_ADAPTER``), the GPU a scheduler assigned
+      (``CUDA_VISIBLE_DEVICES``, Ray), else the best one matching ``adapter_name`` (a substring
+      of its description), ``backend`` (default ``WGPU_BACKEND_TYPE``) and ``power_preference``
+      (``"high-performance"``, the default, or ``"low-power"``).
+
+    ``runtime``: ``"wgpu"`` (wgpu-py, the default) or ``"dawn"`` (wgpudawn), default
+    ``KJARNI_WEBGPU_RUNTIME``; see `kjarni.gpu.runtime`. ``dawn_device_toggles``: Dawn device
+    toggles (e.g. `kjarni.gpu.runtime.DAWN_FAST_DEVICE_TOGGLES`).
+    ``max_binding_size`` lowers the storage binding limit (tests use it to exercise the split of
+    large weights across bindings).
     ``submit_every``: submit after this many recorded dispatches so the GPU starts on the first
     layers while Python records the rest (default None: one submit per read, i.e. per step).
-    ``raw_recording``: record dispatches through wgpu-native directly (False: wgpu-py's API).
+    ``raw_recording``: record dispatches through wgpu-native directly (False: the public API;
+    always the public API on Dawn).
     ``memory_budget``: bytes of GPU memory kjarni may use (default ``KJARNI_GPU_MEMORY_MB``, else
     unknown); a model whose estimate is larger is refused before anything is uploaded.
     Raises `GpuUnavailableError` when no adapter or device can be had.
@@ -170,30 +131,69 @@ class WgpuContext:
         submit_every: int | None = None,
         raw_recording: bool = True,
         memory_budget: int | None = None,
+        device: Any = None,
+        adapter: Any = None,
+        adapter_index: int | None = None,
+        power_preference: str | None = None,
+        runtime: str | None = None,
+        dawn_device_toggles: Sequence[str] = (),
     ) -> None:
-        from kjarni.gpu.memory import budget_from_env
+        from kjarni.gpu.memory import budget_from_env, checked_budget
 
         # WebGPU does not report an adapter's memory: the budget is the caller's (or
         # KJARNI_GPU_MEMORY_MB); models estimated above it are refused before upload.
-        self.memory_budget = memory_budget if memory_budget is not None else budget_from_env()
-        self.adapter = find_adapter(adapter_name, backend)
-        self.info = dict(self.adapter.info)
-        self.description = _describe(self.adapter)
-        limits = self.adapter.limits
-        features = [f for f in _WANTED_FEATURES if f in self.adapter.features]
-        required = {
-            "max-buffer-size": limits["max-buffer-size"],
-            "max-storage-buffer-binding-size": limits["max-storage-buffer-binding-size"],
-            "max-compute-workgroup-storage-size": limits["max-compute-workgroup-storage-size"],
-            "max-compute-invocations-per-workgroup": limits["max-compute-invocations-per-workgroup"],
-            "max-storage-buffers-per-shader-stage": min(limits["max-storage-buffers-per-shader-stage"], 10),
-        }
-        try:
-            self.device = self.adapter.request_device_sync(required_features=features, required_limits=required)
-        except Exception as exc:
-            raise GpuUnavailableError(f"could not open a device on {self.description}: {exc}") from exc
+        self.memory_budget = checked_budget(memory_budget) if memory_budget is not None else budget_from_env()
+        given = device if device is not None else adapter
+        if given is not None:
+            if adapter_index is not None or adapter_name is not None or power_preference is not None:
+                raise InvalidConfigurationError(
+                    "an application's device or adapter was given together with adapter_index, adapter_name "
+                    "or power_preference; pass one or the other"
+                )
+            self.runtime: Runtime = runtime_of(given)
+            if runtime is not None and requested_runtime(runtime) != self.runtime.name:
+                raise InvalidConfigurationError(
+                    f"runtime={runtime!r}, but the device/adapter given is {self.runtime.description}'s; drop runtime"
+                )
+            if adapter is None:
+                adapter = getattr(device, "adapter", None)
+            self.adapter = adapter
+            self.adapter_choice = "given by the application"
+        else:
+            self.runtime = load_runtime(runtime)
+            choice = _adapters.select(
+                self.runtime, name=adapter_name, backend=backend, index=adapter_index, power_preference=power_preference
+            )
+            if choice.adapter.problems:
+                raise GpuUnavailableError(
+                    f"adapter {choice.adapter.summary()} (chosen by {choice.reason}) cannot run kjarni: "
+                    f"{'; '.join(choice.adapter.problems)}"
+                )
+            self.adapter = choice.adapter.handle
+            self.adapter_choice = choice.reason
+        self.info = dict(self.adapter.info) if self.adapter is not None else {}
+        self.description = _describe(self.adapter) if self.adapter is not None else "an application's device"
+        self.owns_device = device is None
+        if device is None:
+            limits = self.adapter.limits
+            offered = self.runtime.features_of(self.adapter)
+            features = [f for f in _adapters.WANTED_FEATURES if f in offered]
+            required = _adapters._limits_to_request(limits)
+            try:
+                device = self.runtime.request_device(self.adapter, features, required, dawn_device_toggles)
+            except InvalidConfigurationError:
+                raise
+            except Exception as exc:
+                raise GpuUnavailableError(f"could not open a device on {self.description}: {exc}") from exc
+        else:
+            if dawn_device_toggles:
+                raise InvalidConfigurationError("dawn_device_toggles apply to a device kjarni creates, not an application's")
+            _adapters.check_device(device, self.runtime)
+        self.device = device
+        limits = device.limits  # what the device has, which for an application's may be below the adapter's
         self.queue = self.device.queue
-        self.features = frozenset(features)
+        self.features = self.runtime.features_of(device) & frozenset(_adapters.WANTED_FEATURES)
+        self.missing_features = frozenset(_adapters.WANTED_FEATURES) - self.features
         self.has_f16 = "shader-f16" in self.features
         self.has_subgroups = use_subgroups and "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
@@ -204,7 +204,7 @@ class WgpuContext:
         self.storage_alignment = int(limits["min-storage-buffer-offset-alignment"])
         self.max_workgroup_storage = int(limits["max-compute-workgroup-storage-size"])
         self.submit_every = submit_every
-        self.stats = Stats()
+        self.stats = Stats(runtime=self.runtime.description, adapter=self.description)
         self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._pipelines: dict[tuple, Any] = {}
         self._bind_groups: dict[tuple, Any] = {}
@@ -214,14 +214,62 @@ class WgpuContext:
         self._pass: Any = None
         self._pass_handle: Any = None
         self._pipeline_in_pass: Any = None
-        self._raw = _RAW_RECORDING if raw_recording else None
+        self._raw = self.runtime.raw_recording if raw_recording else None
         self._staging: Any = None
         self._step_values: dict[str, bytes] = {}
         self._step_used: set[str] = set()
         self._step_buffers: dict[str, Any] = {}
-        self.dummy = self.device.create_buffer(size=256, usage=STORAGE, label="dummy")
+        self._created: list[Any] = []  # every buffer this context made for itself (freed by close)
+        self.closed = False
+        self.dummy = self._own(self.device.create_buffer(size=256, usage=STORAGE, label="dummy"))
         self._profile: list[tuple[str, int]] | None = None
         self._query_set: Any = None
+
+    def _own(self, buffer: Any) -> Any:
+        self._created.append(buffer)
+        return buffer
+
+    def release(self, buffers: Sequence[Any]) -> int:
+        """Destroy ``buffers`` (a model's weights and KV cache) and forget the bind groups using
+        them; returns the bytes freed. Recorded work is submitted first."""
+        doomed = {id(b) for b in buffers if b is not None}
+        if not doomed:
+            return 0
+        self.flush()
+        for key in [k for k in self._bind_groups if any(id(b) in doomed for b in k[1:])]:
+            del self._bind_groups[key]
+        freed = 0
+        for buffer in {id(b): b for b in buffers if b is not None}.values():
+            freed += int(buffer.size)
+            buffer.destroy()
+        return freed
+
+    def close(self) -> None:
+        """Free what this context created: pooled, staging, uniform and per-step buffers, and the
+        device too when kjarni created it. An application's device is left as it was (kjarni
+        neither destroys nor reconfigures it). Idempotent; the context is unusable afterwards."""
+        if self.closed:
+            return
+        self.closed = True
+        self._end_pass()
+        self._encoder = None
+        owned = [*self._created, *self._uniforms.values(), *self._step_buffers.values()]
+        owned += [b for free in self._pool.values() for b in free]
+        if self._staging is not None:
+            owned.append(self._staging)
+        self._bind_groups.clear()
+        self._pipelines.clear()
+        self._uniforms.clear()
+        self._step_buffers.clear()
+        self._pool.clear()
+        self._staging = None
+        for buffer in {id(b): b for b in owned}.values():
+            buffer.destroy()
+        if self._query_set is not None:
+            self._query_set.destroy()
+            self._query_set = None
+        if self.owns_device:
+            self.device.destroy()
 
     # ------------------------------------------------------------------ buffers
 
@@ -260,7 +308,7 @@ class WgpuContext:
         if free:
             buffer = free.pop()
         else:
-            buffer = self.device.create_buffer(size=size, usage=STORAGE, label=f"scratch{size}")
+            buffer = self._own(self.device.create_buffer(size=size, usage=STORAGE, label=f"scratch{size}"))
             self.stats.pooled_buffers += 1
             self.stats.pooled_bytes += size
         return Scratch(buffer, size, free)
@@ -344,9 +392,10 @@ class WgpuContext:
             code = kernels.source(kernel, flag_set)
         else:
             code = source() if callable(source) else source
+        code = self.runtime.prepare_shader(code, flag_set)
         variant = f"{kernel}.wgsl entry {entry!r}" + (f" ({', '.join(sorted(flag_set))})" if flag_set else "")
         try:
-            module = _module_unchecked(self.device, code, kernel) if unchecked else None
+            module = self.runtime.unchecked_module(self.device, code, kernel) if unchecked else None
             if module is None:
                 module = self.device.create_shader_module(code=code, label=kernel)
             pipeline = self.device.create_compute_pipeline(
