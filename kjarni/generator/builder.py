@@ -48,8 +48,8 @@ PRECISE = GenerationOverrides(temperature=0.2, top_p=0.9, top_k=20)
 _CPU_WARN_PARAMS = 1.0e9
 
 
-def _gpu_ops(load_config: LoadConfig, context: Any) -> tuple[Any, Any]:
-    """The WebGPU backend for ``load_config`` on ``context`` (a new ``WgpuContext`` when None).
+def _gpu_ops(load_config: LoadConfig, context: Any, options: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """The WebGPU backend for ``load_config`` on ``context`` (a new ``WgpuContext(**options)`` when None).
 
     Returns ``(ops, context)``; raises ``GpuUnavailableError`` saying why when there is no GPU.
     The one place the GPU backend is wired in.
@@ -67,7 +67,7 @@ def _gpu_ops(load_config: LoadConfig, context: Any) -> tuple[Any, Any]:
         # remaining tensors (norms, unsupported types) are held as f16.
         weight_format = "f16"
     if context is None:
-        context = WgpuContext()
+        context = WgpuContext(**(options or {}))
     ops = WgpuOps(context, weight_format=weight_format, kv_format=load_config.kv_dtype)
     return ops, context
 
@@ -108,6 +108,7 @@ class GeneratorBuilder:
         self._model_path: Path | None = None
         self._device = KjarniDevice.AUTO
         self._context: Any = None
+        self._gpu_options: dict[str, Any] = {}  # WgpuContext arguments from gpu(...)
         self._preset: GeneratorPreset | None = None
         self._overrides = GenerationOverrides()
         self._load_config = LoadConfig()
@@ -147,8 +148,43 @@ class GeneratorBuilder:
         """Use the CPU (numpy) for inference."""
         return self.device(KjarniDevice.CPU)
 
-    def gpu(self) -> GeneratorBuilder:
-        """Use the GPU (WebGPU); ``build()`` raises ``GpuUnavailableError`` when there is none."""
+    def gpu(
+        self,
+        device: Any = None,
+        adapter: Any = None,
+        *,
+        adapter_index: int | None = None,
+        adapter_name: str | None = None,
+        power_preference: str | None = None,
+        runtime: str | None = None,
+    ) -> GeneratorBuilder:
+        """Use the GPU (WebGPU); ``build()`` raises ``GpuUnavailableError`` when there is none.
+
+        ``device`` / ``adapter``: an application's own wgpu-py or wgpudawn GPUDevice / GPUAdapter,
+        shared with kjarni (checked up front: ``UnsuitableDeviceError`` names missing limits;
+        kjarni never destroys or reconfigures it, and ``Generator.close()`` frees only the
+        Generator's buffers). Otherwise kjarni picks an adapter: ``adapter_index`` (as numbered by
+        ``kjarni devices``; default ``KJARNI_GPU_ADAPTER``, else the GPU in
+        ``CUDA_VISIBLE_DEVICES`` / Ray), ``adapter_name`` (a substring, e.g. ``"Intel"``) and
+        ``power_preference`` (``"high-performance"`` or ``"low-power"``). ``runtime``: ``"wgpu"``
+        (default, or ``KJARNI_WEBGPU_RUNTIME``) or ``"dawn"`` (``pip install 'kjarni[dawn]'``).
+        """
+        options = {
+            "device": device, "adapter": adapter, "adapter_index": adapter_index, "adapter_name": adapter_name,
+            "power_preference": power_preference, "runtime": runtime,
+        }
+        if power_preference is not None and power_preference not in ("high-performance", "low-power"):
+            raise InvalidConfigurationError(
+                f"power_preference={power_preference!r}; use 'high-performance' or 'low-power'"
+            )
+        if adapter_index is not None and (isinstance(adapter_index, bool) or not isinstance(adapter_index, int) or adapter_index < 0):
+            raise InvalidConfigurationError(f"adapter_index={adapter_index!r} must be an integer >= 0 (see `kjarni devices`)")
+        if (device is not None or adapter is not None) and (adapter_index is not None or adapter_name is not None or power_preference is not None):
+            raise InvalidConfigurationError(
+                "gpu(device=/adapter=) gives the application's own GPU; adapter_index, adapter_name and "
+                "power_preference choose one for kjarni: pass one or the other"
+            )
+        self._gpu_options = {k: v for k, v in options.items() if v is not None}
         return self.device(KjarniDevice.GPU)
 
     def with_context(self, context: Any) -> GeneratorBuilder:
@@ -348,6 +384,15 @@ class GeneratorBuilder:
             raise InvalidConfigurationError(
                 f"with_context() gives a GPU context but the device is {self._device.value}; drop one of them"
             )
+        if self._context is not None and self._gpu_options:
+            raise InvalidConfigurationError(
+                f"with_context() gives a GPU context, and gpu({', '.join(self._gpu_options)}=...) asks for another; "
+                "drop one of them"
+            )
+        if self._gpu_options and self._device is not KjarniDevice.GPU:
+            raise InvalidConfigurationError(
+                f"gpu({', '.join(self._gpu_options)}=...) was set but the device is {self._device.value}; drop one of them"
+            )
 
     def _source(self) -> sources.ModelSource:
         if self._model_path is not None:
@@ -375,7 +420,7 @@ class GeneratorBuilder:
         if device is KjarniDevice.CPU:
             return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
         if device is KjarniDevice.GPU or context is not None:
-            ops, context = _gpu_ops(self._load_config, context)
+            ops, context = _gpu_ops(self._load_config, context, self._gpu_options)
             return ops, context, KjarniDevice.GPU
         try:
             software = _software_adapter()
@@ -511,6 +556,7 @@ class GeneratorBuilder:
             prefix_cache=prefix_caches[0],
             draft_prefix_cache=prefix_caches[1],
             chat_template=self._chat_template,
+            owns_gpu_context=context is not None and self._context is None,
         )
         if self._chat_template is not None:
             _ = generator.chat_template  # compile it now: a broken template fails the build, not the first chat

@@ -93,6 +93,7 @@ class Generator:
         prefix_cache: PrefixCache | None = None,
         draft_prefix_cache: PrefixCache | None = None,
         chat_template: str | None = None,
+        owns_gpu_context: bool = False,
     ) -> None:
         self._loaded = loaded
         self._model_name = model_name
@@ -115,6 +116,8 @@ class Generator:
         self._draft_prefix_cache = draft_prefix_cache
         self._chat_template_source = chat_template  # the builder's override, else the model's own
         self._chat_template: ChatTemplate | None = None
+        self._owns_gpu_context = owns_gpu_context  # made by the builder (not with_context): close() closes it
+        self._closed = False
         self.last_stats: Any = None
         """Statistics of the most recent finished generation (``kjarni.generate.GenerationStats``)."""
 
@@ -244,6 +247,28 @@ class Generator:
         """
         with self._cancel_lock:
             self._cancel_epoch += 1
+
+    def close(self) -> None:
+        """Free this Generator's memory: on the GPU its weights and KV caches (and the draft's), and
+        the GPU context when the builder made it (an application's device is never destroyed, and a
+        context from ``with_context`` keeps serving its other Generators). Waits for a running
+        generation; idempotent; generating afterwards raises ``GenerationFailedError``."""
+        if self._closed:
+            return
+        self._acquire()
+        try:
+            self._closed = True
+            self._kv_cache = self._draft_kv_cache = None
+            self._prefix_cache = self._draft_prefix_cache = None
+            models = [self._loaded.model] + ([self._draft.loaded.model] if self._draft is not None else [])
+            for model in models:
+                close = getattr(model.ops, "close", None)  # WgpuOps; the numpy backend has nothing to free
+                if close is not None:
+                    close()
+            if self._owns_gpu_context and self._gpu_context is not None:
+                self._gpu_context.close()
+        finally:
+            self._release()
 
     def __repr__(self) -> str:
         draft = f", draft={self._draft.name!r}" if self._draft is not None else ""
@@ -456,6 +481,9 @@ class Generator:
                 if stop.is_set():
                     return None
         self._owner = weakref.ref(me)
+        if self._closed:
+            self._release()
+            raise GenerationFailedError(f"this Generator ({self._model_name}) is closed; build a new one")
         return me
 
     def _release(self) -> None:

@@ -10,6 +10,7 @@ and bind groups are created once per shape and reused.
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -303,6 +304,8 @@ class WgpuOps:
         self._step_bytes = b""
         self._token_ring: Any = None
         self._ring_cursor = 0
+        self._weights: list[GpuWeight] = []  # what `close` frees: this model's buffers only
+        self._kv_caches: weakref.WeakSet[WgpuKVCache] = weakref.WeakSet()
 
     @property
     def stats(self) -> Stats:
@@ -339,7 +342,20 @@ class WgpuOps:
 
     def _register(self, w: GpuWeight) -> GpuWeight:
         self.weight_bytes += w.nbytes
+        self._weights.append(w)
         return w
+
+    def close(self) -> int:
+        """Free this model's GPU buffers (weights, KV caches, token ring) and nothing else: the
+        context, its device and other models on it keep working. Returns the bytes freed."""
+        buffers = [self._token_ring, *(b for c in list(self._kv_caches) for b in (*c.keys, *c.values))]
+        for w in self._weights:
+            buffers += [w.buffer, *(b for seg in w.segments for b in (seg.w_a, seg.w_b))]
+            w.plans.clear()
+        self._weights, self._token_ring = [], None
+        self._kv_caches = weakref.WeakSet()
+        self._plans.clear()
+        return self.context.release([b for b in buffers if b is not None and b is not self.context.dummy])
 
     def _group_parts(self, parts: list, name: str) -> list[tuple[str, list]]:
         from kjarni.gpu import quant
@@ -428,7 +444,9 @@ class WgpuOps:
         return GpuTensor(self.context.scratch(tokens * features * 4), (tokens, features))
 
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> WgpuKVCache:
-        return WgpuKVCache(self.context, num_layers, num_kv_heads, head_dim, capacity, self.kv_format)
+        cache = WgpuKVCache(self.context, num_layers, num_kv_heads, head_dim, capacity, self.kv_format)
+        self._kv_caches.add(cache)
+        return cache
 
     def embed(self, table: GpuWeight, token_ids: np.ndarray | GpuTokens) -> GpuTensor:
         ctx = self.context
