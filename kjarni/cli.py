@@ -10,6 +10,7 @@
     kjarni pull smollm2-135m-instruct
     kjarni presets
     kjarni parity --model smollm2-135m-instruct --prompt "The capital of France is" --json
+    kjarni devices
 
 Generated text goes to stdout, everything else (progress, notices, errors) to stderr. Exit codes:
 0 success, 2 bad arguments, settings or an unknown model name, 1 any other failure, 130 interrupted. Errors are one line;
@@ -57,7 +58,7 @@ def _parser() -> _Parser:
     model_options = argparse.ArgumentParser(add_help=False)
     model_options.add_argument("--model", "-m", help="registry model name (default: the preset's, else smollm2-135m-instruct)")
     model_options.add_argument("--model-path", metavar="PATH", help="a local .gguf file or model folder instead of --model")
-    model_options.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
+    add_device_options(model_options)  # --device, --gpu N, --runtime
     model_options.add_argument("--offline", action="store_true", help="never download; fail if the model is not cached")
     model_options.add_argument("--cpu-weights", choices=("f32", "f16"),
                                help="how the CPU backend holds weights: f32 (default, the reference) or f16 (half the memory)")
@@ -124,7 +125,58 @@ def _parser() -> _Parser:
     parity.add_argument("--weight-format", choices=["f32", "f16"], default="f32",
                         help="GPU weight format (default f32, the tightest comparison)")
     parity.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_device_options(parity, device=False)
+    devices = commands.add_parser(
+        "devices", parents=[common], help="list WebGPU adapters and whether kjarni can use each",
+        description="List the WebGPU adapters of a runtime with their index (for --gpu N and KJARNI_GPU_ADAPTER), "
+                    "backend, type, memory limits and whether kjarni can use each; '*' marks the one it would open.")
+    devices.add_argument("--runtime", choices=("wgpu", "dawn"),
+                         help="WebGPU runtime (default: $KJARNI_WEBGPU_RUNTIME, else wgpu)")
+    devices.add_argument("--json", action="store_true", help="print the adapters as JSON")
     return parser
+
+
+# ---------------------------------------------------------------- device options (shared by commands)
+
+
+def add_device_options(parser: argparse.ArgumentParser, *, device: bool = True) -> None:
+    """Add ``--device cpu|gpu|auto`` (unless ``device=False``), ``--gpu N`` and ``--runtime wgpu|dawn``
+    to a subcommand's parser; `apply_device_options` applies them to a ``GeneratorBuilder``.
+
+    For every command that runs a model (``generate``, ``serve``, ``parity``), so they read alike.
+    """
+    if device:
+        parser.add_argument("--device", choices=("cpu", "gpu", "auto"), help="where to run (default: auto, or the preset's)")
+    parser.add_argument("--gpu", type=int, metavar="N", dest="gpu_index",
+                        help="the GPU adapter to use, by its index in `kjarni devices` (implies --device gpu; "
+                             "default: $KJARNI_GPU_ADAPTER, else the GPU in CUDA_VISIBLE_DEVICES, else the best)")
+    parser.add_argument("--runtime", choices=("wgpu", "dawn"),
+                        help="WebGPU runtime: wgpu (wgpu-py, the default) or dawn (pip install 'kjarni[dawn]'); "
+                             "default: $KJARNI_WEBGPU_RUNTIME")
+
+
+def device_options(args: argparse.Namespace) -> dict[str, object]:
+    """The ``GeneratorBuilder.gpu(...)`` / ``WgpuContext(...)`` arguments of `add_device_options`' flags."""
+    options: dict[str, object] = {}
+    if getattr(args, "gpu_index", None) is not None:
+        if args.gpu_index < 0:
+            raise _UsageError(f"--gpu {args.gpu_index} must be an adapter index >= 0 (see `kjarni devices`)")
+        options["adapter_index"] = args.gpu_index
+    if getattr(args, "runtime", None) is not None:
+        options["runtime"] = args.runtime
+    return options
+
+
+def apply_device_options(builder: object, args: argparse.Namespace) -> None:
+    """Apply `add_device_options`' flags to a ``GeneratorBuilder``: ``--gpu``/``--runtime`` mean the GPU."""
+    options = device_options(args)
+    device = getattr(args, "device", None)
+    if options and device == "cpu":
+        raise _UsageError(f"--device cpu contradicts {' and '.join('--' + k.replace('adapter_index', 'gpu') for k in options)}")
+    if options:
+        builder.gpu(**options)  # type: ignore[attr-defined]
+    elif device:
+        builder.device(device)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- commands
@@ -154,8 +206,7 @@ def _model_builder(args: argparse.Namespace, preset: str | None = None) -> Any:
         builder.preset(preset)
     if args.model_path:
         builder.model_path(args.model_path)
-    if args.device:
-        builder.device(args.device)
+    apply_device_options(builder, args)
     if args.cache_dir:
         builder.cache_dir(args.cache_dir)
     if args.offline:
@@ -348,13 +399,57 @@ def _parity(args: argparse.Namespace) -> int:
         source = sources.resolve(args.model or registry.DEFAULT_MODEL, cache_dir=args.cache_dir,
                                  quiet=args.quiet)
         path, name = source.path, source.name
+    from kjarni.gpu import WgpuContext
+
+    context = WgpuContext(**device_options(args))  # type: ignore[arg-type]
     report = run_parity(path, args.prompt, steps=args.steps, weight_format=args.weight_format, name=name,
-                        quiet=args.quiet)
+                        quiet=args.quiet, context=context)
     print(json.dumps(dataclasses.asdict(report), indent=2) if args.json else report.to_text())
     return EXIT_OK
 
 
-_COMMANDS = {"generate": _generate, "chat": _chat, "serve": _serve, "models": _models, "pull": _pull, "presets": _presets, "parity": _parity}
+def _devices(args: argparse.Namespace) -> int:
+    from kjarni.gpu.adapters import assigned_gpu, choose_adapter, env_adapter_index, list_adapters
+    from kjarni.gpu.runtime import load_runtime
+    from kjarni.progress import format_bytes
+
+    runtime = load_runtime(args.runtime)
+    adapters = list_adapters(runtime)
+    chosen, reason = None, "no adapter"
+    try:
+        index = env_adapter_index()
+        choice = choose_adapter(
+            adapters, index=index, backend=os.environ.get("WGPU_BACKEND_TYPE", "").strip() or None,
+            assignment=assigned_gpu() if index is None else None, index_source="KJARNI_GPU_ADAPTER",
+        )
+        chosen, reason = choice.adapter.index, choice.reason
+    except KjarniError as error:
+        reason = str(error)
+    if args.json:
+        print(json.dumps({"runtime": runtime.description, "default": chosen, "default_reason": reason,
+                          "adapters": [a.as_dict() for a in adapters]}, indent=2))
+        return EXIT_OK
+    print(f"runtime: {runtime.description}")
+    if not adapters:
+        print(f"no WebGPU adapter{' (Dawn needs a full Vulkan 1.1 driver; lavapipe of Mesa 22 is not one)' if runtime.name == 'dawn' else ''}; "
+              "install a Vulkan/Metal/D3D12 driver (on Linux without a GPU: mesa-vulkan-drivers)")
+        return EXIT_OK
+    rows = [("", "INDEX", "NAME", "BACKEND", "TYPE", "MAX BUFFER", "MAX BINDING", "WG MEMORY", "KJARNI")]
+    for a in adapters:
+        usable = "usable" + (" (subgroups)" if "subgroup" in a.features else "") if a.usable else "no: " + "; ".join(a.problems)
+        limits = a.limits
+        rows.append((
+            "*" if a.index == chosen else "", str(a.index), a.name, a.backend, a.adapter_type,
+            format_bytes(limits.get("max-buffer-size", 0)), format_bytes(limits.get("max-storage-buffer-binding-size", 0)),
+            format_bytes(limits.get("max-compute-workgroup-storage-size", 0)), usable,
+        ))
+    _table(rows)
+    print(f"\n* kjarni would open: {reason}. Choose with --gpu N or KJARNI_GPU_ADAPTER=N.", file=sys.stderr)
+    return EXIT_OK
+
+
+_COMMANDS = {"generate": _generate, "chat": _chat, "serve": _serve, "models": _models, "pull": _pull,
+             "presets": _presets, "parity": _parity, "devices": _devices}
 
 
 # ---------------------------------------------------------------- entry point
@@ -372,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         debug = args.debug if hasattr(args, "debug") else debug
         if args.command is None:
-            raise _UsageError("a command is needed: generate, chat, serve, models, pull, presets or parity (see `kjarni --help`)")
+            raise _UsageError("a command is needed: generate, chat, serve, models, pull, presets, parity or devices (see `kjarni --help`)")
         return _COMMANDS[args.command](args)
     except _UsageError as error:
         return _fail(f"error: {error}", EXIT_USAGE, debug)

@@ -36,13 +36,14 @@ class ParityReport:
     first_divergence: int | None
     cpu_tokens: tuple[int, ...]
     gpu_tokens: tuple[int, ...]
+    runtime: str = ""  # the WebGPU runtime that ran the GPU side ("wgpu-py 0.32.0 (wgpu-native)")
 
     def to_text(self) -> str:
         diverged = "none" if self.first_divergence is None else f"step {self.first_divergence}"
         return "\n".join(
             [
                 f"model            {self.model}",
-                f"gpu              {self.adapter} ({self.weight_format} weights)",
+                f"gpu              {self.adapter} ({self.weight_format} weights)" + (f" on {self.runtime}" if self.runtime else ""),
                 f"compared rows    {self.steps + 1} (prompt of {self.prompt_tokens} tokens, then {self.steps} greedy steps)",
                 f"max |logit diff| {self.max_abs_diff:.3g}",
                 f"mean |diff|      {self.mean_abs_diff:.3g}",
@@ -114,5 +115,6 @@ def run_parity(
         first_divergence=first,
         cpu_tokens=tuple(cpu_tokens),
         gpu_tokens=tuple(gpu_tokens),
+        runtime=context.runtime.description,
     )
 
