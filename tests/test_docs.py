@@ -59,7 +59,7 @@ def test_examples_run_on_a_tiny_model(
         entry = registry.find_entry(str(name_or_path))
         return sources.ModelSource(entry.name, tiny, entry)
 
-    def no_gpu(load_config: object, context: object) -> None:
+    def no_gpu(load_config: object, context: object, *options: object) -> None:
         raise GpuUnavailableError("no GPU in the docs test")
 
     monkeypatch.setattr(sources, "resolve", resolve_to_tiny)
