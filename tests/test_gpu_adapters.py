@@ -315,3 +315,44 @@ def test_kjarni_devices_lists_each_adapter_with_its_index(wgpu_context, capsys, 
     table = capsys.readouterr().out
     assert table.splitlines()[0].startswith("runtime: wgpu-py")
     assert f"*  0      {found[0].name}" in table
+
+
+# ---------------------------------------------------------------- the CLI's device options
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tests.test_api import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-adapters"))
+
+
+def test_generate_refuses_gpu_n_with_device_cpu(tiny_dir, capsys):
+    from kjarni.cli import main
+
+    assert main(["generate", "hi", "--model-path", str(tiny_dir), "--device", "cpu", "--gpu", "0", "-q"]) == 2
+    assert "--device cpu contradicts --gpu" in capsys.readouterr().err
+
+
+def test_the_device_options_map_to_gpu_arguments():
+    from kjarni.cli import _Parser, add_device_options, device_options
+
+    parser = _Parser(prog="serve")
+    add_device_options(parser)
+    args = parser.parse_args(["--gpu", "1", "--runtime", "dawn"])
+    assert device_options(args) == {"adapter_index": 1, "runtime": "dawn"} and args.device is None
+    assert device_options(parser.parse_args(["--device", "gpu"])) == {}
+
+
+@pytest.mark.gpu
+def test_generate_gpu_n_runs_on_adapter_n_and_a_missing_one_lists_the_adapters(wgpu_context, tiny_dir, capsys, monkeypatch):
+    from kjarni.cli import main
+
+    monkeypatch.delenv("KJARNI_GPU_ADAPTER", raising=False)
+    base = ["generate", "hi", "--model-path", str(tiny_dir), "--max-tokens", "3", "--greedy", "-q", "--runtime", "wgpu"]
+    assert main([*base, "--gpu", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["device"] == "gpu"
+    count = len(ad.list_adapters(_wgpu_runtime()))
+    assert main([*base, "--gpu", str(count)]) == 1
+    err = capsys.readouterr().err
+    assert f"adapter_index={count}: there is no adapter {count}; found: #0 " in err

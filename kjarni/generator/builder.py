@@ -420,7 +420,8 @@ class GeneratorBuilder:
         if device is KjarniDevice.CPU:
             return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
         if device is KjarniDevice.GPU or context is not None:
-            ops, context = _gpu_ops(self._load_config, context, self._gpu_options)
+            # Two arguments unless gpu(...) set options (tests stand in for _gpu_ops with two).
+            ops, context = _gpu_ops(self._load_config, context, *([self._gpu_options] if self._gpu_options else []))
             return ops, context, KjarniDevice.GPU
         try:
             software = _software_adapter()
