@@ -83,7 +83,8 @@ def _parser() -> _Parser:
     gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before PROMPT")
     gen.add_argument("--draft", metavar="NAME", help="speculative decoding with NAME (registry name or path) as the draft "
                                                     "model; it must share the model's vocabulary")
-    gen.add_argument("--draft-tokens", type=int, metavar="K", help="tokens the draft proposes per round (default 4)")
+    gen.add_argument("--draft-tokens", type=int, metavar="K", help="tokens the draft proposes per round (default: chosen each round "
+                     "from the measured acceptance and costs)")
     gen.add_argument("--draft-device", choices=("cpu", "gpu", "auto"), help="where the draft runs (default: the model's device)")
     gen.add_argument("--prefix-cache", action="store_true", help="allocate the prefix KV cache (reuse across calls; "
                                                                  "one call gains nothing from it)")
@@ -219,7 +220,6 @@ def _model_builder(args: argparse.Namespace, preset: str | None = None) -> Any:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from kjarni.speculative import DEFAULT_DRAFT_TOKENS
 
     if args.draft is None and (args.draft_tokens is not None or args.draft_device is not None):
         raise _UsageError("--draft-tokens and --draft-device need --draft NAME")
@@ -232,8 +232,7 @@ def _generate(args: argparse.Namespace) -> int:
         if prompt.endswith("\n"):
             prompt = prompt[:-1]
     if args.draft:
-        builder.draft(args.draft, DEFAULT_DRAFT_TOKENS if args.draft_tokens is None else args.draft_tokens,
-                      device=args.draft_device)
+        builder.draft(args.draft, args.draft_tokens, device=args.draft_device)
     if args.prefix_cache:
         builder.prefix_cache(True)
     generator = builder.build()
@@ -269,8 +268,10 @@ def _generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     sys.stdout.flush()
     if not args.json and not args.quiet and generator.draft_model_name is not None and stats is not None and stats.rounds:
+        plain = f", {stats.plain_tokens} tokens without the draft" if stats.plain_tokens else ""
         print(f"kjarni: draft {generator.draft_model_name}: {stats.acceptance_rate:.0%} of drafted tokens accepted, "
-              f"{stats.tokens_per_round:.2f} tokens per round", file=sys.stderr)
+              f"{stats.draft_length:.2f} drafted and {stats.tokens_per_round:.2f} tokens per round{plain}",
+              file=sys.stderr)
     if not args.json and not args.quiet and stats is not None:
         print(f"kjarni: {summary_line(stats, generator)}", file=sys.stderr)
     return EXIT_OK

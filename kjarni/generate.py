@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -27,7 +27,7 @@ from kjarni.errors import ContextOverflowError, InvalidConfigurationError, NonFi
 from kjarni.ops import UNDECIDED, Activation, KVCache
 from kjarni.prefix_cache import PrefixCache
 from kjarni.sampling import FixedDraw, Sampler, make_sampler, validate_sampling
-from kjarni.speculative import DEFAULT_DRAFT_TOKENS, speculative_step, validate_draft_tokens
+from kjarni.speculative import speculative_step, validate_draft_p_min, validate_draft_tokens
 
 MAX_CANDIDATES = 1024
 """Beyond this many top-k candidates the loop reads the whole vocabulary instead (no gain left)."""
@@ -99,7 +99,12 @@ class GenerationStats:
     With a draft model: ``rounds`` verify passes of the target, ``draft_tokens_proposed`` and
     ``draft_tokens_accepted`` over all of them, ``acceptance_rate`` = accepted / proposed and
     ``tokens_per_round`` = tokens the rounds produced (accepted drafts plus one each) / rounds.
-    The first token comes from the prefill and is in no round. All five stay 0 without a draft.
+    The draft length is reported as ``draft_length`` (drafted tokens per round, on average),
+    ``draft_lengths`` ({drafted tokens: rounds}), ``draft_stops`` (rounds the draft ended early,
+    its top probability below ``draft_p_min``) and ``plain_tokens`` (tokens from plain decode
+    steps: where the adaptive length found that speculation did not pay, and a last token that
+    left no room to draft). The first token comes
+    from the prefill and is in no round. All of these stay 0 (empty) without a draft.
     """
 
     prompt_tokens: int = 0
@@ -114,15 +119,27 @@ class GenerationStats:
     draft_tokens_accepted: int = 0
     acceptance_rate: float = 0.0
     tokens_per_round: float = 0.0
+    draft_length: float = 0.0
+    draft_lengths: dict[int, int] = field(default_factory=dict)
+    draft_stops: int = 0
+    plain_tokens: int = 0
 
-    def count_round(self, proposed: int, accepted: int) -> None:
-        """Add one speculative round: ``proposed`` draft tokens, ``accepted`` of them kept."""
+    def count_round(self, proposed: int, accepted: int, stopped: bool = False) -> None:
+        """Add one speculative round: ``proposed`` draft tokens, ``accepted`` of them kept;
+        ``stopped``: the draft ended the round early."""
         self.rounds += 1
         self.draft_tokens_proposed += proposed
         self.draft_tokens_accepted += accepted
+        self.draft_stops += stopped
+        self.draft_lengths[proposed] = self.draft_lengths.get(proposed, 0) + 1
         if self.draft_tokens_proposed:
             self.acceptance_rate = self.draft_tokens_accepted / self.draft_tokens_proposed
         self.tokens_per_round = (self.draft_tokens_accepted + self.rounds) / self.rounds
+        self.draft_length = self.draft_tokens_proposed / self.rounds
+
+    def count_plain(self, tokens: int) -> None:
+        """Add ``tokens`` decoded by plain decode steps, without the draft."""
+        self.plain_tokens += tokens
 
 
 # ---------------------------------------------------------------- forward phases
@@ -316,7 +333,8 @@ def stream_generate(
     *,
     prefix_cache: PrefixCache | None = None,
     draft=None,
-    num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    num_draft_tokens: int | None = None,
+    draft_p_min: float | None = None,
     draft_cache: KVCache | None = None,
     draft_prefix_cache: PrefixCache | None = None,
 ) -> Iterator[TokenEvent]:
@@ -335,8 +353,11 @@ def stream_generate(
     if given, is filled in as tokens arrive.
 
     ``draft`` (a model sharing the vocabulary, on any backend) turns on speculative decoding with
-    ``num_draft_tokens`` proposals per round; the events, stop rules and, for greedy, the tokens are
-    the same as without it. ``draft_cache`` / ``draft_prefix_cache`` play the roles of ``kv_cache``
+    ``num_draft_tokens`` proposals per round, or (None, the default) a length chosen each round from
+    the measured acceptance and costs, falling back to plain decoding when speculation does not pay
+    (``speculative.DraftLength``); ``draft_p_min`` ends a round early where the draft's top
+    probability is below it (default: ``DEFAULT_DRAFT_P_MIN`` when adaptive, off when fixed). The
+    events, stop rules and, for greedy, the tokens are the same as without a draft. ``draft_cache`` / ``draft_prefix_cache`` play the roles of ``kv_cache``
     / ``prefix_cache`` for the draft model. Check tokenizers once at setup with
     ``speculative.check_draft_compatible``.
 
@@ -353,6 +374,7 @@ def stream_generate(
     _check_prompt(model, prompt, kv_cache)
     if draft is not None:
         num_draft_tokens = validate_draft_tokens(num_draft_tokens)
+        draft_p_min = validate_draft_p_min(draft_p_min)
         _check_draft(model, draft, prompt, draft_cache, draft_prefix_cache)
     if prefix_cache is not None:
         kv_cache = prefix_cache.take(prompt, params.max_tokens)
@@ -371,7 +393,7 @@ def stream_generate(
         stats = GenerationStats()
     else:  # a reused stats object starts from zero
         for f in fields(GenerationStats):
-            setattr(stats, f.name, f.default)
+            setattr(stats, f.name, f.default_factory() if f.default is MISSING else f.default)
     stats.prompt_tokens = len(prompt)
     stats.cached_prompt_tokens = min(kv_cache.offset, len(prompt) - 1)
 
@@ -383,8 +405,8 @@ def stream_generate(
     else:
         steps = speculative_step(
             model, draft, prompt, params.sampler(), rng, kv_cache, draft_cache,
-            num_draft_tokens=num_draft_tokens, max_tokens=params.max_tokens, logprobs=params.logprobs,
-            on_round=stats.count_round,
+            num_draft_tokens=num_draft_tokens, draft_p_min=draft_p_min, max_tokens=params.max_tokens,
+            logprobs=params.logprobs, on_round=stats.count_round, on_plain=stats.count_plain,
         )
     caches = [(c, kv) for c, kv in ((prefix_cache, kv_cache), (draft_prefix_cache, draft_cache)) if c is not None]
     return _events(model, tokenizer, prompt, params, kv_cache, stats, steps, caches)

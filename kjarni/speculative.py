@@ -2,10 +2,12 @@
 
 Each round (``speculative_step``):
 
-    draft    proposes k tokens, one forward each, from its OWN KV cache kept across rounds
-    target   one forward over [last token, d1 .. dk] (logits="all"): k + 1 distributions
+    draft    proposes up to k tokens, one forward each, from its OWN KV cache kept across rounds;
+             it stops early where its own top probability falls below ``p_min`` (llama.cpp's
+             ``--draft-p-min``): a token it is unsure of is likely to be rejected
+    target   one forward over [last token, d1 .. dj] (logits="all"): j + 1 distributions
     verify   accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw
-             from norm(max(0, p_i - q_i)) instead; when all k pass, draw a bonus token from p_k
+             from norm(max(0, p_i - q_i)) instead; when all j pass, draw a bonus token from p_j
     rollback both caches trimmed back past the first rejection (``KVCache.trim``: no copy)
 
 ``p`` and ``q`` are the configured sampling distribution (``Sampler.distribution``: repetition
@@ -16,6 +18,12 @@ the target's argmax agrees, then take the target's argmax, so the output is the 
 output (up to the backend's rounding of a k + 1 row forward against a 1 row one, see
 ``docs/benchmarks.md``).
 
+The length k is ``DraftLength``'s choice: fixed when the caller gives ``num_draft_tokens``, else
+(the default) chosen before every round from the acceptance and the costs measured so far, and 0
+(plain decoding, no draft) while speculation does not pay. Neither the length nor the early stop
+changes what the output is, only how fast it comes: each position is still either verified
+against the target or drawn from the target.
+
 Only token ids pass between the two models, so the draft and the target may run on different
 backends. The first token of a generation comes from the target's prefill as without a draft.
 """
@@ -23,6 +31,7 @@ backends. The first token of a generation comes from the target's prefill as wit
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -31,8 +40,14 @@ from kjarni.errors import InvalidConfigurationError
 from kjarni.ops import KVCache
 from kjarni.sampling import Sampler, apply_repetition_penalty
 
-DEFAULT_DRAFT_TOKENS = 4
-"""Tokens the draft proposes per round unless chosen; on numpy 8 measured best (docs/benchmarks.md)."""
+MAX_DRAFT_TOKENS = 8
+"""The longest round the adaptive length considers (``num_draft_tokens=None``)."""
+DEFAULT_DRAFT_P_MIN = 0.5
+"""With the adaptive length, the draft stops proposing when its top probability is below this."""
+INITIAL_DRAFT_TOKENS = 3
+"""The adaptive length's first rounds, before any cost is measured."""
+VERIFY_ROW_PRIOR = 0.1
+"""Until two verify lengths are timed: each extra row costs this fraction of a one-row pass."""
 
 
 # ---------------------------------------------------------------- setup checks
@@ -72,13 +87,168 @@ def check_draft_compatible(target, draft, *, target_name: str = "target", draft_
         )
 
 
-def validate_draft_tokens(num_draft_tokens: object) -> int:
-    """``num_draft_tokens`` as an int, or ``InvalidConfigurationError`` unless it is an integer >= 1."""
+def validate_draft_tokens(num_draft_tokens: object) -> int | None:
+    """``num_draft_tokens`` as an int (or None: the adaptive length), else ``InvalidConfigurationError``."""
+    if num_draft_tokens is None:
+        return None
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) or num_draft_tokens < 1:
         raise InvalidConfigurationError(
-            f"num_draft_tokens={num_draft_tokens!r} is out of range: it must be an integer >= 1 (4 is a good start)"
+            f"num_draft_tokens={num_draft_tokens!r} is out of range: it must be an integer >= 1, or None "
+            "to let kjarni choose each round's length from the measured acceptance (the default)"
         )
     return int(num_draft_tokens)
+
+
+def validate_draft_p_min(p_min: object) -> float | None:
+    """``p_min`` as a float in [0, 1] (or None: the mode's default), else ``InvalidConfigurationError``."""
+    if p_min is None:
+        return None
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float, np.floating)) or not 0.0 <= p_min <= 1.0:
+        raise InvalidConfigurationError(
+            f"draft_p_min={p_min!r} is out of range: it must be a probability in [0, 1] (0 never stops a "
+            f"round early; the adaptive default is {DEFAULT_DRAFT_P_MIN})"
+        )
+    return float(p_min)
+
+
+# ---------------------------------------------------------------- choosing the draft length
+
+
+class DraftLength:
+    """Chooses each round's draft length: fixed, or adapted to the measured acceptance and costs.
+
+    Fixed (``num_tokens`` an int): every round drafts ``num_tokens`` (fewer where the draft's top
+    probability falls below ``p_min``, 0 by default). Adaptive (``num_tokens=None``, ``p_min``
+    ``DEFAULT_DRAFT_P_MIN`` by default): ``choose()`` picks the ``k`` in ``1 .. max_tokens``
+    maximising the expected tokens per second of a round,
+
+        (1 + sum_i (c a)^i) / ((1 + sum_{i<k} c^i) * draft_step + verify(1 + sum_i c^i)),   i = 1 .. k
+
+    and returns it only when it beats plain decoding's ``1 / plain_step`` by ``MARGIN``; otherwise
+    0, meaning: decode ``plain_run()`` tokens without the draft. ``a`` is the acceptance per
+    drafted token (accepted / (accepted + rejections)), ``c`` the chance that the draft goes on
+    past ``p_min`` at a position (drafted / (drafted + early stops)), both decayed by ``DECAY`` per
+    trial so they follow the text, from priors ``PRIOR_ACCEPTANCE`` and 1; ``draft_step`` is the
+    draft's time per forward, ``verify(n)`` the target's time for an ``n``-row pass (a line through
+    the medians of the lengths timed so far) and ``plain_step`` the median time of a plain decode
+    step. So the numerator is the expected tokens of a round, the denominator its expected time.
+
+    The sequence: ``INITIAL_DRAFT_TOKENS`` until the draft and verify costs are timed, then one
+    short plain run to time the plain step, then the cost model. After every plain run comes one
+    probe round of the best ``k`` (the acceptance may have changed: prose turning into code); each
+    probe that still loses doubles the next plain run, up to ``MAX_PLAIN_RUN``, so a draft that
+    never pays costs a probe every 128 tokens. Time is read by the caller (``record_*``), so tests
+    drive the choice with controlled costs.
+    """
+
+    PRIOR_ACCEPTANCE, PRIOR_TRIALS = 0.7, 3.0
+    DECAY = 0.9
+    MARGIN = 1.05
+    SAMPLES = 8
+    FIRST_PLAIN_RUN, MAX_PLAIN_RUN = 8, 128
+
+    def __init__(self, num_tokens: int | None = None, p_min: float | None = None, *,
+                 max_tokens: int = MAX_DRAFT_TOKENS) -> None:
+        self.adaptive = num_tokens is None
+        self.max_tokens = int(max_tokens) if num_tokens is None else int(num_tokens)
+        self.p_min = (DEFAULT_DRAFT_P_MIN if self.adaptive else 0.0) if p_min is None else float(p_min)
+        self._hits = self.PRIOR_ACCEPTANCE * self.PRIOR_TRIALS
+        self._trials = self.PRIOR_TRIALS
+        self._goes_on, self._checks = self.PRIOR_TRIALS, self.PRIOR_TRIALS
+        self._draft: list[float] = []
+        self._verify: dict[int, list[float]] = {}
+        self._plain: list[float] = []
+        self._next_plain_run = self.FIRST_PLAIN_RUN
+        self._probe = False
+
+    @property
+    def acceptance(self) -> float:
+        """The current estimate of the probability that a drafted token is accepted."""
+        return self._hits / self._trials
+
+    @property
+    def continuation(self) -> float:
+        """The current estimate of the probability that the draft is confident enough to go on."""
+        return self._goes_on / self._checks
+
+    def record_round(self, proposed: int, accepted: int, verify_seconds: float,
+                     draft_seconds: float = 0.0, draft_forwards: int = 0, stopped: bool = False) -> None:
+        """One round: ``accepted`` of ``proposed`` drafts passed a verify pass of ``proposed + 1``
+        rows that took ``verify_seconds``; the draft spent ``draft_seconds`` on ``draft_forwards``
+        one-token forwards (0: not a fair sample, e.g. a long catch-up after plain decoding) and
+        ``stopped`` early on ``p_min``."""
+        trials = accepted + (accepted < proposed)  # the drafts up to and including the first rejection
+        decay = self.DECAY**trials
+        self._hits = self._hits * decay + accepted
+        self._trials = self._trials * decay + trials
+        checks = proposed + stopped
+        decay = self.DECAY**checks
+        self._goes_on = self._goes_on * decay + proposed
+        self._checks = self._checks * decay + checks
+        if draft_forwards:
+            _push(self._draft, draft_seconds / draft_forwards, self.SAMPLES)
+        _push(self._verify.setdefault(proposed + 1, []), verify_seconds, self.SAMPLES)
+
+    def record_plain(self, tokens: int, seconds: float) -> None:
+        """``tokens`` plain decode steps took ``seconds``."""
+        if tokens:
+            _push(self._plain, seconds / tokens, self.SAMPLES)
+
+    def verify_seconds(self, rows: int) -> float:
+        """Estimated time of a verify pass over ``rows`` rows."""
+        points = sorted((n, _median(v)) for n, v in self._verify.items())
+        if len(points) == 1:  # one length timed: assume each extra row costs VERIFY_ROW_PRIOR of one
+            n, t = points[0]
+            return t * (1 + VERIFY_ROW_PRIOR * (rows - 1)) / (1 + VERIFY_ROW_PRIOR * (n - 1))
+        ns, ts = np.array(points, dtype=np.float64).T
+        slope = max(float(np.polyfit(ns, ts, 1)[0]), 0.0)
+        return max(float(ts.mean() + slope * (rows - ns.mean())), 0.0)
+
+    def rates(self) -> dict[int, float]:
+        """The cost model: expected tokens per second of a round of each length ``1 .. max_tokens``."""
+        a, c, step = self.acceptance, self.continuation, _median(self._draft)
+        out, tokens, drafted, forwards = {}, 1.0, 0.0, 1.0
+        for k in range(1, self.max_tokens + 1):
+            tokens += (c * a) ** k
+            drafted += c**k
+            out[k] = tokens / max(forwards * step + self.verify_seconds(1 + drafted), 1e-12)
+            forwards += c**k  # the draft feeds token k only if it drafted it and goes on
+        return out
+
+    def choose(self) -> int:
+        """The next round's draft length; 0: decode ``plain_run()`` tokens without the draft first."""
+        if not self.adaptive:
+            return self.max_tokens
+        if not self._verify or not self._draft:
+            return min(INITIAL_DRAFT_TOKENS, self.max_tokens)
+        if not self._plain:
+            return 0  # time a plain step before comparing against it
+        rates = self.rates()
+        best = max(rates, key=rates.__getitem__)
+        if self._probe:
+            self._probe = False
+            return best
+        if rates[best] * _median(self._plain) > self.MARGIN:
+            self._next_plain_run = self.FIRST_PLAIN_RUN
+            return best
+        return 0
+
+    def plain_run(self) -> int:
+        """Tokens to decode without the draft after ``choose()`` returned 0; then a probe round."""
+        if not self._plain:
+            return self.FIRST_PLAIN_RUN  # the first run only times the plain step
+        run, self._probe = self._next_plain_run, True
+        self._next_plain_run = min(2 * run, self.MAX_PLAIN_RUN)
+        return run
+
+
+def _push(samples: list[float], value: float, limit: int) -> None:
+    samples.append(value)
+    del samples[:-limit]
+
+
+def _median(samples: list[float]) -> float:
+    return float(np.median(samples)) if samples else 0.0
 
 
 # ---------------------------------------------------------------- the rounds
@@ -93,22 +263,33 @@ def speculative_step(
     target_cache: KVCache,
     draft_cache: KVCache,
     *,
-    num_draft_tokens: int,
     max_tokens: int,
+    num_draft_tokens: int | None = None,
+    draft_p_min: float | None = None,
     logprobs: bool = False,
-    on_round: Callable[[int, int], None] | None = None,
+    on_round: Callable[[int, int, bool], None] | None = None,
+    on_plain: Callable[[int], None] | None = None,
+    length: DraftLength | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[tuple[int, float | None]]:
     """``(token_id, logprob)`` pairs like ``generate_step``, produced by draft-and-verify rounds.
 
     Either cache may already hold a prefix of ``prompt_ids`` (the prefix cache); only the rest is
-    prefilled. Each round proposes ``min(num_draft_tokens, tokens left - 1, room left in the
+    prefilled. Each round drafts at most ``min(chosen length, tokens left - 1, room left in the
     caches)`` tokens, so no forward computes a token that ``max_tokens`` or the context would
-    forbid. ``on_round(proposed, accepted)`` is called once per round, before its tokens are
-    yielded. Between rounds, the target's cache holds every token but the last one yielded and
-    the draft's cache at most as many.
+    forbid; the length is ``length``'s choice (default ``DraftLength(num_draft_tokens,
+    draft_p_min)``), timed with ``clock``. When it chooses 0, and for a last token that leaves no
+    room to draft, tokens come from plain decode steps of the target (``generate_step``'s, running
+    ahead where it does) and the draft catches up on them in its next round.
+    ``on_round(proposed, accepted, stopped)`` is called once per round, before its tokens are
+    yielded (``stopped``: the draft ended it early on ``p_min``), and ``on_plain(tokens)`` once per
+    plain run, before its last token is yielded. Between rounds, the target's cache holds every
+    token but the last one yielded and the draft's cache at most as many.
     """
-    from kjarni.generate import choose_token, prefill, step_name  # generate.py imports this module lazily
+    from kjarni.generate import choose_token, generate_step, prefill, step_name  # generate.py imports this module
 
+    if length is None:
+        length = DraftLength(num_draft_tokens, draft_p_min)
     seq = [int(t) for t in prompt_ids]
     for cache in (target_cache, draft_cache):
         if cache.offset >= len(seq):
@@ -120,22 +301,44 @@ def speculative_step(
     yield token, logprob
 
     while True:
-        k = min(
-            num_draft_tokens,
-            max_tokens - emitted - 1,
-            target_cache.capacity - len(seq),
-            draft_cache.capacity - len(seq) + 1,
-        )
-        k = max(k, 0)
-        drafts, draft_probs = _propose(draft, draft_cache, seq, k, sampler, rng) if k else ([], [])
+        left = max_tokens - emitted
+        choice = length.choose()
+        k = max(min(choice, left - 1, target_cache.capacity - len(seq), draft_cache.capacity - len(seq) + 1), 0)
+        if k == 0:
+            # Plain decode steps: the run the length asked for, or the last token (no room to draft).
+            # generate_step feeds seq[-1] first; closed after n tokens, its cache holds all but the last.
+            n = max(min(length.plain_run() if choice == 0 else 1, left, target_cache.capacity - len(seq) + 1), 1)
+            plain = generate_step(target, seq, sampler, rng, target_cache, logprobs=logprobs, max_tokens=n)
+            spent = 0.0
+            try:
+                for i in range(n):
+                    started = clock()
+                    token, logprob = next(plain)
+                    spent += clock() - started
+                    seq.append(token)
+                    emitted += 1
+                    if i == n - 1:  # account for the run before its last token leaves
+                        length.record_plain(n, spent)
+                        if on_plain is not None:
+                            on_plain(n)
+                    yield token, logprob
+            finally:
+                plain.close()
+            continue
+        started = clock()
+        catch_up = len(seq) - draft_cache.offset
+        drafts, draft_probs, forwards, stopped = _propose(draft, draft_cache, seq, k, sampler, rng, length.p_min)
+        drafted = clock()
         verify_logits = target.forward(np.asarray(seq[-1:] + drafts, dtype=np.int32), target_cache, logits="all")
         accepted, out = _verify(target, verify_logits, drafts, draft_probs, seq, sampler, rng, logprobs)
+        length.record_round(len(drafts), accepted, clock() - drafted, drafted - started,
+                            forwards if catch_up <= 2 else 0, stopped)
         # Both caches now hold seq + drafts[:accepted] at most: forget the rejected positions.
         keep = len(seq) + accepted
         target_cache.trim(target_cache.offset - keep)
         draft_cache.trim(max(draft_cache.offset - keep, 0))
         if on_round is not None:
-            on_round(k, accepted)
+            on_round(len(drafts), accepted, stopped)
         for token, logprob in out:
             seq.append(token)
             emitted += 1
@@ -143,13 +346,17 @@ def speculative_step(
 
 
 def _propose(
-    draft, draft_cache: KVCache, seq: list[int], k: int, sampler: Sampler, rng: np.random.Generator
-) -> tuple[list[int], list[np.ndarray]]:
-    """k draft tokens and, when sampling, the distribution each was drawn from."""
+    draft, draft_cache: KVCache, seq: list[int], k: int, sampler: Sampler, rng: np.random.Generator,
+    p_min: float = 0.0,
+) -> tuple[list[int], list[np.ndarray], int, bool]:
+    """Up to k draft tokens, the distribution each was drawn from (when sampling), the number of
+    draft forwards run, and whether drafting stopped early: before a token whose top probability
+    is below ``p_min`` (checked where the draft's logits are read anyway, so not on a backend
+    drafting greedily ahead on the device)."""
     from kjarni.generate import checked_ids, choose_token
 
     # Catch up on what the draft has not seen: the last token, plus the previous round's last
-    # proposal or resampled token when the target accepted everything.
+    # proposal or resampled token when the target accepted everything (or the plain run's tokens).
     logits = draft.forward(np.asarray(seq[draft_cache.offset :], dtype=np.int32), draft_cache, logits="last")
     ops = draft.ops
     if sampler.greedy and not sampler.needs_full_logits and getattr(ops, "decode_ahead", 1) > 1:
@@ -157,21 +364,33 @@ def _propose(
         handles = [ops.argmax_ahead(logits)]
         for _ in range(k - 1):
             handles.append(ops.argmax_ahead(draft.forward(handles[-1], draft_cache, logits="last")))
-        return [int(checked_ids(draft, ids, "a draft step")[0]) for ids in ops.read_tokens(handles)], []
+        return [int(checked_ids(draft, ids, "a draft step")[0]) for ids in ops.read_tokens(handles)], [], k, False
     drafts: list[int] = []
     probs: list[np.ndarray] = []
+    forwards = 1
     for i in range(k):
         history = seq + drafts
         if sampler.greedy:
+            if p_min > 0 and _top_probability(ops.read(logits)[0]) < p_min:
+                return drafts, probs, forwards, True
             token, _ = choose_token(draft, logits, sampler, history, rng, step="a draft step")
         else:
-            q = sampler.distribution(draft.ops.read(logits)[0], history)
+            q = sampler.distribution(ops.read(logits)[0], history)
+            if p_min > 0 and float(q.max()) < p_min:
+                return drafts, probs, forwards, True
             token = _draw(q, rng)
             probs.append(q)
         drafts.append(token)
         if i + 1 < k:
             logits = draft.forward(np.asarray([token], dtype=np.int32), draft_cache, logits="last")
-    return drafts, probs
+            forwards += 1
+    return drafts, probs, forwards, False
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """The largest softmax probability of one row of logits."""
+    x = logits.astype(np.float64)
+    return float(1.0 / np.exp(x - x.max()).sum())
 
 
 def _verify(

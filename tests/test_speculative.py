@@ -114,7 +114,7 @@ def test_rejection_rolls_both_caches_back_to_the_accepted_tokens(target, draft):
     steps = speculative_step(
         target, draft, PROMPT, GenerationParams(temperature=0).sampler(), np.random.default_rng(0),
         tcache, dcache, num_draft_tokens=4, max_tokens=40,
-        on_round=lambda proposed, accepted: seen.append((proposed, accepted, tcache.offset, dcache.offset)),
+        on_round=lambda proposed, accepted, stopped: seen.append((proposed, accepted, tcache.offset, dcache.offset)),
     )
     tokens = [next(steps)[0]]
     for proposed, accepted, t_offset, d_offset in _rounds(steps, tokens, seen, 6):

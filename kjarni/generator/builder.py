@@ -117,7 +117,7 @@ class GeneratorBuilder:
         self._download_policy = DownloadPolicy.IF_MISSING
         self._quiet = False
         self._allow_warnings = False
-        self._draft: tuple[str, int, KjarniDevice | None] | None = None  # name, tokens per round, device
+        self._draft: tuple[str, int | None, KjarniDevice | None] | None = None  # name, tokens per round, device
         self._prefix_cache_tokens: int | None = None
         self._chat_template: str | None = None
 
@@ -231,9 +231,13 @@ class GeneratorBuilder:
     # ------------------------------------------------------------ speculative decoding and the prefix cache
 
     def draft(
-        self, name: str | os.PathLike[str], num_tokens: int, *, device: KjarniDevice | str | None = None
+        self, name: str | os.PathLike[str], num_tokens: int | None = None, *, device: KjarniDevice | str | None = None
     ) -> GeneratorBuilder:
         """Speculative decoding: ``name`` (a registry name or local path) proposes ``num_tokens`` per round.
+
+        ``num_tokens=None`` (the default) lets kjarni choose each round's length, up to
+        ``speculative.MAX_DRAFT_TOKENS``, from the acceptance and the costs it measures, and decode
+        without the draft while speculation does not pay; an int fixes the length.
 
         The draft must share this model's vocabulary (qwen2.5-coder-0.5b-instruct drafting for
         qwen2.5-coder-1.5b-instruct); ``build()`` checks it. It resolves and loads like the model
@@ -245,9 +249,10 @@ class GeneratorBuilder:
             name = os.fspath(name)
         if not isinstance(name, str) or not name:
             raise InvalidConfigurationError(f"draft model name {name!r} must be a non-empty str")
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1:
+        if num_tokens is not None and (not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 1):
             raise InvalidConfigurationError(
-                f"draft num_tokens={num_tokens!r} is out of range: it must be an integer >= 1 (4 is a good start)"
+                f"draft num_tokens={num_tokens!r} is out of range: it must be an integer >= 1, or None to let "
+                "kjarni choose each round's length (the default)"
             )
         self._draft = (name, num_tokens, None if device is None else KjarniDevice.parse(device))
         return self

@@ -68,7 +68,7 @@ class _Draft:
     name: str
     loaded: LoadedModel
     device: KjarniDevice
-    num_tokens: int
+    num_tokens: int | None  # None: chosen each round (speculative.DraftLength)
 
 
 class Generator:
@@ -203,8 +203,9 @@ class Generator:
         return None if self._draft is None else self._draft.device
 
     @property
-    def num_draft_tokens(self) -> int:
-        """Tokens the draft proposes per round (0 without a draft)."""
+    def num_draft_tokens(self) -> int | None:
+        """Tokens the draft proposes per round: ``None`` when kjarni chooses each round's length (the
+        default; ``last_stats.draft_length`` reports what it chose), 0 without a draft."""
         return 0 if self._draft is None else self._draft.num_tokens
 
     @property
