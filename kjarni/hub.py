@@ -13,12 +13,14 @@ without a second download; ``HF_HUB_OFFLINE=1`` (or ``DownloadPolicy.NEVER``) us
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from kjarni.errors import DownloadFailedError, LoadFailedError, ModelNotDownloadedError
 
@@ -93,6 +95,21 @@ def _endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
+@contextlib.contextmanager
+def _hub_logging(quiet: bool) -> Iterator[None]:
+    """huggingface_hub logs its retries ("Retrying in 8s [Retry 5/5]") as warnings: errors only when quiet."""
+    # Through its own switch: importing its logging module (lazily, on first use) resets the level.
+    from huggingface_hub.utils import logging as hub_logging
+
+    level = hub_logging.get_verbosity()
+    if quiet:
+        hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(level)
+
+
 def _tqdm_class(quiet: bool) -> type | None:
     if not quiet:
         return None  # huggingface_hub's own bar, on stderr
@@ -146,11 +163,12 @@ def fetch_snapshot(repo_id: str, cache: Path, *, quiet: bool = False, what: str 
     if _endpoint():
         kwargs["endpoint"] = _endpoint()
     try:
-        folder = Path(
-            snapshot_download(
-                repo_id, cache_dir=cache, allow_patterns=list(HF_ALLOW_PATTERNS), local_files_only=offline(), **kwargs
+        with _hub_logging(quiet):
+            folder = Path(
+                snapshot_download(
+                    repo_id, cache_dir=cache, allow_patterns=list(HF_ALLOW_PATTERNS), local_files_only=offline(), **kwargs
+                )
             )
-        )
     except Exception as error:  # noqa: BLE001 - hub, HTTP and OS errors all mean the same to the caller
         raise DownloadFailedError(failure_message(what or repo_id, repo_id, error)) from error
     if not snapshot_complete(folder):
@@ -228,9 +246,14 @@ def choose_gguf(ref: HubReference, files: list[str]) -> str:
 
 def fetch_gguf(ref: HubReference, cache: Path, *, local_only: bool, quiet: bool = False) -> Path:
     """The .gguf ``ref`` names, from ``cache`` or (unless ``local_only`` or offline) the hub."""
+    local_only = local_only or offline()
+    with _hub_logging(quiet):
+        return _fetch_gguf(ref, cache, local_only, quiet)
+
+
+def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool, quiet: bool) -> Path:
     from huggingface_hub import HfApi, hf_hub_download
 
-    local_only = local_only or offline()
     try:
         if ref.filename is not None:
             filename = ref.filename

