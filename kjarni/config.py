@@ -18,8 +18,6 @@ from kjarni.errors import InvalidModelError, LoadFailedError
 
 # config.json `model_type`s with a forward: the SwiGLU/RoPE family (model.py), then GPT-2 (gpt2.py).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
-# GGUF `general.architecture`s whose tensor names and metadata weights.py and from_gguf translate.
-GGUF_MODEL_TYPES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
 
 # rope_scaling types the RoPE tables implement (model.rope_table); "su" is Phi-3's old name of longrope.
 # "freq_factors" is llama.cpp's form of llama3 scaling in GGUF files: a `rope_freqs` tensor of

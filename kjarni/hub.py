@@ -14,7 +14,6 @@ without a second download; ``HF_HUB_OFFLINE=1`` (or ``DownloadPolicy.NEVER``) us
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import re
@@ -96,31 +95,23 @@ def _endpoint() -> str | None:
 
 
 @contextlib.contextmanager
-def _hub_logging(quiet: bool) -> Iterator[None]:
-    """huggingface_hub logs its retries ("Retrying in 8s [Retry 5/5]") as warnings: errors only when quiet."""
-    # Through its own switch: importing its logging module (lazily, on first use) resets the level.
+def _hub_quiet(quiet: bool) -> Iterator[None]:
+    """When quiet, huggingface_hub shows no download bar and logs its retries ("Retrying in 8s
+    [Retry 5/5]") only as errors; otherwise its own bar, on stderr, is the download's progress."""
+    # Through its own switches: importing its logging module (lazily, on first use) resets the level.
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     from huggingface_hub.utils import logging as hub_logging
 
-    level = hub_logging.get_verbosity()
+    level, bars_were_off = hub_logging.get_verbosity(), are_progress_bars_disabled()
     if quiet:
         hub_logging.set_verbosity_error()
+        disable_progress_bars()
     try:
         yield
     finally:
         hub_logging.set_verbosity(level)
-
-
-def _tqdm_class(quiet: bool) -> type | None:
-    if not quiet:
-        return None  # huggingface_hub's own bar, on stderr
-    from tqdm.auto import tqdm
-
-    class SilentTqdm(tqdm):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-    return SilentTqdm
+        if not bars_were_off:
+            enable_progress_bars()
 
 
 # ---------------------------------------------------------------- snapshots (safetensors)
@@ -158,12 +149,10 @@ def fetch_snapshot(repo_id: str, cache: Path, *, quiet: bool = False, what: str 
     from huggingface_hub import snapshot_download
 
     kwargs: dict[str, object] = {}
-    if quiet:
-        kwargs["tqdm_class"] = _tqdm_class(quiet)
     if _endpoint():
         kwargs["endpoint"] = _endpoint()
     try:
-        with _hub_logging(quiet):
+        with _hub_quiet(quiet):
             folder = Path(
                 snapshot_download(
                     repo_id, cache_dir=cache, allow_patterns=list(HF_ALLOW_PATTERNS), local_files_only=offline(), **kwargs
@@ -247,11 +236,11 @@ def choose_gguf(ref: HubReference, files: list[str]) -> str:
 def fetch_gguf(ref: HubReference, cache: Path, *, local_only: bool, quiet: bool = False) -> Path:
     """The .gguf ``ref`` names, from ``cache`` or (unless ``local_only`` or offline) the hub."""
     local_only = local_only or offline()
-    with _hub_logging(quiet):
-        return _fetch_gguf(ref, cache, local_only, quiet)
+    with _hub_quiet(quiet):
+        return _fetch_gguf(ref, cache, local_only)
 
 
-def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool, quiet: bool) -> Path:
+def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool) -> Path:
     from huggingface_hub import HfApi, hf_hub_download
 
     try:
@@ -262,8 +251,6 @@ def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool, quiet: bool) -
         else:
             filename = choose_gguf(ref, HfApi(endpoint=_endpoint()).list_repo_files(ref.repo_id))
         kwargs: dict[str, object] = {}
-        if quiet and "tqdm_class" in inspect.signature(hf_hub_download).parameters:  # huggingface_hub >= 0.25
-            kwargs["tqdm_class"] = _tqdm_class(quiet)
         if _endpoint():
             kwargs["endpoint"] = _endpoint()
         return Path(hf_hub_download(ref.repo_id, filename, cache_dir=cache, local_files_only=local_only, **kwargs))

@@ -37,8 +37,6 @@ TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
-TOKEN_TYPE_UNUSED = 5
-TOKEN_TYPE_BYTE = 6
 
 # The split regexes of llama.cpp's llm_tokenizer_bpe (src/llama-vocab.cpp), per tokenizer.ggml.pre.
 # Each regex splits every piece left by the previous one; matches and the text between them both

@@ -294,13 +294,6 @@ class ResolvedGenerationConfig:
         validate(resolved)
         return resolved
 
-    def to_overrides(self) -> GenerationOverrides:
-        """The settings as an overrides layer (everything set)."""
-        return GenerationOverrides(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            min_p=self.min_p, repetition_penalty=self.repetition_penalty, seed=self.seed, stop=self.stop,
-        )
-
 
 KJARNI_DEFAULTS = ResolvedGenerationConfig()
 """kjarni's own defaults, the bottom layer: mild sampling (temperature 0.7, top-k 50, top-p 0.9)."""
