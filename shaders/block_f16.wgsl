@@ -1,4 +1,5 @@
-// block_f16: f16 weights as the linear kernels read them (linear_f16.wgsl, matvec.tmpl.wgsl): rows
+// block_f16: f16 weights as the linear kernels read them (linear_f16.wgsl, matvec.tmpl.wgsl,
+// matmul.tmpl.wgsl, embed.tmpl.wgsl): rows
 // of f16 pairs padded with zeros to a multiple of 8 values, one vec4<u32> = 8 weights. A unit is
 // one such vec4: values 8u .. 8u + 7 of the row. Reads params.cols.
 
@@ -15,4 +16,10 @@ fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
 
 fn unit_col(u: u32, k: u32) -> u32 {
     return 8u * u + 4u * k;
+}
+
+// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): unit c8.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let v = unit_values(row, c8);
+    return W8(v[0], v[1]);
 }

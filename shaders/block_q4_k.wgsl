@@ -1,5 +1,6 @@
 // block_q4_k: the Q4_K block decoder (layout: kjarni/gpu/quant.py), shared by the linear kernels
-// (linear_q4_k.wgsl, matvec.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
+// (linear_q4_k.wgsl, matvec.tmpl.wgsl,
+// matmul.tmpl.wgsl, embed.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
@@ -60,4 +61,23 @@ fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 8> {
 fn unit_col(u: u32, k: u32) -> u32 {
     let v = u % 8u;
     return (u / 8u) * 256u + (v / 2u) * 64u + (k / 4u) * 32u + (v % 2u) * 16u + (k % 4u) * 4u;
+}
+
+// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): value v of a block is qs byte
+// 32 (v / 64) + v % 32, nibble (v % 64) / 32, of sub-block v / 32.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let nb = params.cols / 256u;
+    let blk = c8 / 32u;
+    let v = (c8 % 32u) * 8u;  // first value of the chunk within the block
+    let g = v / 64u;
+    let hi = (v % 64u) / 32u;
+    let a = row * (nb * 32u) + blk * 32u + 8u * g + (v % 32u) / 4u;
+    let s = row * (nb * 4u) + blk * 4u;
+    let dd = unpack2x16float(w_b[s]);
+    let sm = scale_min(s, 2u * g + hi);
+    let d = dd.x * sm.x;
+    let m = dd.y * sm.y;
+    let shift = 4u * hi;
+    return W8(d * vec4<f32>(unpack4xU8((w_a[a] >> shift) & 0x0F0F0F0Fu)) - m,
+              d * vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu)) - m);
 }

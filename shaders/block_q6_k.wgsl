@@ -1,5 +1,6 @@
 // block_q6_k: the Q6_K block decoder (layout: kjarni/gpu/quant.py), shared by the linear kernels
-// (linear_q6_k.wgsl, matvec.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
+// (linear_q6_k.wgsl, matvec.tmpl.wgsl,
+// matmul.tmpl.wgsl, embed.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
@@ -44,4 +45,22 @@ fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 4> {
 
 fn unit_col(u: u32, k: u32) -> u32 {
     return (u / 16u) * 256u + ((u % 16u) / 8u) * 128u + 32u * k + 4u * (u % 8u);
+}
+
+// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): v = 128 h + 32 k + l, l < 32,
+// in ql byte 64 h + 32 (k % 2) + l and qh byte 32 h + l; scale 8 h + 2 k + l / 16.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let nb = params.cols / 256u;
+    let blk = c8 / 32u;
+    let v = (c8 % 32u) * 8u;
+    let h = v / 128u;
+    let k = (v % 128u) / 32u;
+    let l = v % 32u;
+    let a = row * (nb * 48u) + blk * 48u;
+    let ql = a + 16u * h + 8u * (k % 2u) + l / 4u;
+    let qh = a + 32u + 8u * h + l / 4u;
+    let s = row * (nb * 5u) + blk * 5u;
+    let si = 8u * h + 2u * k + l / 16u;
+    let d = unpack2x16float(w_b[s + 4u]).x * f32(extractBits(i32(w_b[s + si / 4u]), 8u * (si % 4u), 8u));
+    return W8(d * q6(w_a[ql], w_a[qh], k), d * q6(w_a[ql + 1u], w_a[qh + 1u], k));
 }

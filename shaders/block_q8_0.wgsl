@@ -1,5 +1,6 @@
 // block_q8_0: the Q8_0 block decoder (layout: kjarni/gpu/quant.py), shared by the linear kernels
-// (linear_q8_0.wgsl, matvec.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
+// (linear_q8_0.wgsl, matvec.tmpl.wgsl,
+// matmul.tmpl.wgsl, embed.tmpl.wgsl): the weight bindings, UNIT, unit_values(row, u) (the
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
@@ -20,4 +21,10 @@ fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
 
 fn unit_col(u: u32, k: u32) -> u32 {
     return 8u * u + 4u * k;
+}
+
+// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): unit c8.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let v = unit_values(row, c8);
+    return W8(v[0], v[1]);
 }

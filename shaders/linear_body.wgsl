@@ -22,8 +22,6 @@
 //   then xor-added: 24 vec4 shuffles on 32 lanes instead of 75), one barrier, then thread i sums
 //   the subgroups for token i and finishes its R rows.
 //   Grid: n = ceil(rows / R) workgroups folded as (min(n, 32768), ceil(n / 32768)).
-// matmul (prefill): 64x64 output tiles (64 tokens x 64 rows), 256 threads of 4x4 each, K in steps
-//   of 32 through workgroup memory. Grid: (ceil(rows / 64), ceil(tokens / 64)).
 // y[t, row_offset + r] = sum_c xn[t, c] W[r, c] (+ bias[row_offset + r]) (+ residual[t, row_offset + r]),
 // xn = x, or x / sqrt(mean(x^2) + eps) * norm_weight when flags bit 2 is set; with flags bit 3, x is
 // [tokens, 2 cols] = [gate | up] and the product reads silu(gate) * up (silu_mul fused in).
@@ -515,68 +513,3 @@ fn matvec_t(
     }
 }
 // #endif
-
-const BM: u32 = 64u;  // tokens per tile
-const BN: u32 = 64u;  // rows per tile
-const BK: u32 = 32u;  // columns per step
-
-var<workgroup> xs: array<vec4<f32>, BK * BM / 4u>;  // [k][token / 4]: 4 tokens per vector
-var<workgroup> ws: array<vec4<f32>, BK * BN / 4u>;  // [k][row / 4]
-var<workgroup> ss_part: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n0 = wid.x * BN;
-    let m0 = wid.y * BM;
-    let tx = lid % 16u;  // this thread's 4 rows: n0 + 4 tx ..
-    let ty = lid / 16u;  // this thread's 4 tokens: m0 + 4 ty ..
-    // Loader roles: token/row lid / 4, columns (lid % 4) * 8 .. + 8 of each K step.
-    let load_i = lid / 4u;
-    let load_c = (lid % 4u) * 8u;
-    let load_t = m0 + load_i;
-    let load_r = min(n0 + load_i, params.rows - 1u);
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i++) { acc[i] = vec4<f32>(0.0); }
-    var ss = 0.0;
-    for (var k0 = 0u; k0 < params.cols; k0 += BK) {
-        var xv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (load_t < params.tokens && k0 + load_c < params.cols) {
-            xv = load_x8(load_t, (k0 + load_c) / 8u, &ss);
-        }
-        var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (k0 + load_c < params.cols) {
-            wv = load_w8(load_r, (k0 + load_c) / 8u);
-        }
-        let slot = load_i / 4u;
-        let lane = load_i % 4u;
-        for (var i = 0u; i < 4u; i++) {
-            xs[(load_c + i) * (BM / 4u) + slot][lane] = xv.a[i];
-            xs[(load_c + 4u + i) * (BM / 4u) + slot][lane] = xv.b[i];
-            ws[(load_c + i) * (BN / 4u) + slot][lane] = wv.a[i];
-            ws[(load_c + 4u + i) * (BN / 4u) + slot][lane] = wv.b[i];
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < BK; k++) {
-            let xa = xs[k * (BM / 4u) + ty];
-            let wr = ws[k * (BN / 4u) + tx];
-            acc[0] += xa.x * wr;
-            acc[1] += xa.y * wr;
-            acc[2] += xa.z * wr;
-            acc[3] += xa.w * wr;
-        }
-        workgroupBarrier();
-    }
-    ss_part[lid] = ss;
-    workgroupBarrier();
-    for (var i = 0u; i < 4u; i++) {
-        let lt = ty * 4u + i;
-        let t = m0 + lt;
-        let tss = ss_part[lt * 4u] + ss_part[lt * 4u + 1u] + ss_part[lt * 4u + 2u] + ss_part[lt * 4u + 3u];
-        for (var j = 0u; j < 4u; j++) {
-            let r = n0 + tx * 4u + j;
-            if (t < params.tokens && r < params.rows) {
-                finish(t, r, acc[i][j], tss);
-            }
-        }
-    }
-}

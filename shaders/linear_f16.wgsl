@@ -5,10 +5,4 @@
 
 // #include block_f16.wgsl
 
-// Weights c8*8 .. c8*8+7 of `row` (columns past `cols` are the zero padding).
-fn load_w8(row: u32, c8: u32) -> W8 {
-    let v = unit_values(row, c8);
-    return W8(v[0], v[1]);
-}
-
 // #include linear_body.wgsl

@@ -1,6 +1,6 @@
 // linear_params: the dense linear family's Params, W8 and the bindings every format shares (the
 // format file declares w_a / w_b at bindings 2 and 3). Pasted by linear_body.wgsl (matrix-vector
-// kernels) and matmul_body.wgsl (prefill), so both read the one layout kjarni/gpu/params.py's
+// kernels) and matmul.tmpl.wgsl (prefill), so both read the one layout kjarni/gpu/params.py's
 // LINEAR describes (tests/test_gpu_kernels.py checks it).
 
 // #include linear_structs.wgsl

@@ -2,8 +2,8 @@
 // with W a Q4_1 weight kept quantized (layout: kjarni/gpu/quant.py) and xn = x or rms_norm(x) * norm_weight.
 // Bindings and Params: the linear family of docs/gpu-kernels.md.
 // Grid: (quant.workgroup_count(rows), 1, 1). Rows are strided over, so any grid is correct.
-// Entry points: `main` takes one subgroup per row (device feature "subgroup"); `main_shared` one
-// workgroup per row; quant.shader_source() keeps the one the device can run. Tokens go TILE at a
+// Entry points: `main` takes one subgroup per row (the `subgroup` flag, device feature "subgroup"),
+// else one workgroup per row (linear_quant_body.wgsl's #if subgroup). Tokens go TILE at a
 // time so each dequantized weight serves the whole tile.
 
 // #include block_q4_1.wgsl

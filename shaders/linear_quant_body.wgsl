@@ -3,20 +3,12 @@
 // unit u of a row) and `unit_col(u, k)` (the column of their k-th vec4), then includes this.
 // Entry points: main (subgroup per row, a tile of 4 tokens per pass), main_t (subgroup per row,
 // QT tiles = up to 12 tokens per pass: each unit dequantized once for all of them; speculative
-// verify), main_shared (workgroup per row, no subgroups). quant.shader_source keeps the subgroup
-// ones or main_shared. Grid: (quant.workgroup_count(rows), 1, 1); rows are strided over, so any
+// verify); without the `subgroup` flag, main is one workgroup per row instead (no subgroups).
+// Grid: (quant.workgroup_count(rows), 1, 1); rows are strided over, so any
 // grid is correct.
 
-struct Params {
-    rows: u32,        // output features of this dispatch (a row chunk of the weight)
-    cols: u32,        // input features
-    tokens: u32,      // rows of x
-    flags: u32,       // bit 0: add bias, bit 1: add residual, bit 2: rms-normalise x first, bit 3: x = [gate | up], use silu(gate) * up
-    row_offset: u32,  // first output feature of this chunk within y / bias / residual
-    y_stride: u32,    // row stride of y and residual (the full output width)
-    eps: f32,         // rms_norm epsilon when bit 2 is set
-    _pad: u32,
-}
+// #include linear_structs.wgsl
+
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;      // [tokens, cols / 4] (cols is a multiple of 32); [tokens, 2 cols / 4] with flags bit 3
 // bindings 2 and 3 (w_a, w_b): the format's block decoder (block_<format>.wgsl)
@@ -127,7 +119,7 @@ fn finish_row(row: u32, t0: u32, nt: u32, acc: vec4<f32>, ss: vec4<f32>) {
     }
 }
 
-// BEGIN subgroup variant
+// #if subgroup
 // One subgroup per row, lanes stride over the row's units, subgroupAdd reduces. With SPLIT_K the
 // whole workgroup (WG threads) shares each row instead: long rows (an MLP down projection) with
 // few rows get WG / 32 times the loads in flight; subgroupAdd, then one barrier across subgroups.
@@ -277,16 +269,14 @@ fn main_t(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
     }
 }
-// END subgroup variant
-
-// BEGIN shared variant
+// #else
 // For adapters without subgroups: one workgroup per row, tree reduction in workgroup memory.
 const SHARED_WG: u32 = 64u;
 var<workgroup> partials: array<Partial, SHARED_WG>;
 
 @compute @workgroup_size(SHARED_WG)
-fn main_shared(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lane: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
     for (var row = wg.x; row < params.rows; row += nwg.x) {
         for (var t0 = 0u; t0 < params.tokens; t0 += TILE) {
             let nt = min(TILE, params.tokens - t0);
@@ -306,4 +296,4 @@ fn main_shared(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
 }
-// END shared variant
+// #endif

@@ -1,6 +1,6 @@
 // linear_structs: the linear family's Params (LINEAR in kjarni/gpu/params.py; checked by
 // tests/test_gpu_kernels.py) and W8, 8 consecutive weights as two vec4. Pasted by
-// linear_params.wgsl and embed_body.wgsl.
+// linear_params.wgsl, linear_quant_body.wgsl and embed.tmpl.wgsl.
 
 struct Params {
     rows: u32,

@@ -1,4 +1,4 @@
-// matmul_reduce: adds the S partial sums of a prefill matmul split over K (matmul_body.wgsl with
+// matmul_reduce: adds the S partial sums of a prefill matmul split over K (matmul.tmpl.wgsl with
 // grid z = S) and applies bias and residual.
 // Bindings and Params: the linear family (docs/gpu-kernels.md); x holds the partials
 // [S, tokens, y_stride] (rows at row_offset ..), w_a / w_b / norm_weight unused; Params.cols is S.

@@ -352,7 +352,7 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
     assert kernel(ops, short, 1) == "linear_f16:matvec_u" and kernel(ops, long, 1) == "linear_f16:matvec"
     for tokens in range(2, ops.matvec_max_tokens + 1):
         assert kernel(ops, short, tokens) == kernel(ops, long, tokens) == "linear_f16:matvec_t"
-    assert kernel(ops, short, ops.matvec_max_tokens + 1) == "matmul_f16:main"
+    assert kernel(ops, short, ops.matvec_max_tokens + 1) == "matmul.f16:main"
     ops.matvec_t_min_tokens = ops.matvec_max_tokens + 1  # the per-token kernels, to compare
     assert kernel(ops, ops.weight(rand(rng, 40, 64), name="w"), 5) == "linear_f16:matvec_u"
     q8 = WgpuOps(wgpu_context, weight_format="q8_0")
@@ -492,10 +492,11 @@ def test_params_layouts_match_the_wgsl_structs():
 
     stems = dict(KERNEL_PARAMS)
     shaders = __import__("pathlib").Path(kernels.__file__).resolve().parents[2].joinpath("shaders")
-    for path in [*shaders.glob("linear_q*.wgsl"), *shaders.glob("embed_q*.wgsl")]:
-        stems.setdefault(path.stem, LINEAR)  # quantized linear/embed kernels share the linear Params
-    for fmt in kernels.BLOCKS:  # the decode matvec template, every format
-        assert kernels.struct_fields(kernels.template("matvec", fmt, frozenset({"subgroup"}))) == list(LINEAR.fields), fmt
+    for path in shaders.glob("linear_q*.wgsl"):
+        stems.setdefault(path.stem, LINEAR)  # quantized linear kernels share the linear Params
+    for op in ("matvec", "matmul", "embed"):  # the templates, every format
+        for fmt in kernels.BLOCKS:
+            assert kernels.struct_fields(kernels.template(op, fmt, frozenset({"subgroup"}))) == list(LINEAR.fields), (op, fmt)
     for stem, layout in stems.items():
         fields = kernels.struct_fields(kernels.source(stem, frozenset({"subgroup"})))
         assert fields == list(layout.fields), f"{stem}.wgsl struct Params differs from params.{layout.name}"

@@ -1,6 +1,6 @@
-"""The register-tiled prefill matmul (shaders/matmul_*.wgsl) against numpy, in every tile variant.
+"""The register-tiled prefill matmul (shaders/matmul.tmpl.wgsl) against numpy, in every tile variant.
 
-`WgpuOps` routes linear ops of more than `matvec_max_tokens` tokens to ``matmul_<format>``; its
+`WgpuOps` routes linear ops of more than `matvec_max_tokens` tokens to ``matmul.<format>``; its
 three variants (128x128 tiles, 64x64 tiles, 64x64 tiles with K split over 4 thread groups) are
 forced through the selection thresholds. Shapes are odd on purpose: tokens, rows and cols that
 are not multiples of any tile, cols not a multiple of 4 or 8 (zero padding, x tails).
@@ -110,8 +110,8 @@ def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
     x, w = rand(rng, 10, 300), rand(rng, 20, 300)  # 10 tokens: past matvec_max_tokens (9)
     big, small, split = _big(make_ops("f32", "tile128").context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
     reduce = [("matmul_reduce", {})]  # the grid-split variants add their partials in a second dispatch
-    expected = {"tile128": [("matmul_f32", big)], "tile64x128": [("matmul_f32", small)], "tile64x128_split_k": [("matmul_f32", split)],
-                "tile128_grid_split": [("matmul_f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul_f32", split), *reduce]}
+    expected = {"tile128": [("matmul.f32", big)], "tile64x128": [("matmul.f32", small)], "tile64x128_split_k": [("matmul.f32", split)],
+                "tile128_grid_split": [("matmul.f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul.f32", split), *reduce]}
     for variant, want in expected.items():
         ops = make_ops("f32", variant)
         gx, gw = upload(ops, x), ops.weight(w, name="w")
@@ -136,7 +136,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
     split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}, _big(wgpu_context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}
     reduce = ("matmul_reduce", {})
-    assert calls == [("matmul_f16", split), reduce, ("matmul_f16", split), ("matmul_f16", big), reduce, ("matmul_f16", small)]
+    assert calls == [("matmul.f16", split), reduce, ("matmul.f16", split), ("matmul.f16", big), reduce, ("matmul.f16", small)]
     assert ops._matmul_splits(24, 10, 256, 0, 24) == 4
 
 
@@ -160,7 +160,7 @@ def test_prefill_matmul_of_quantized_weights_matches_numpy_dequantized(make_ops,
     got = ops.read(ops.norm_linear(gx, ops.weight(nw, name="n"), 1e-5, gw))
     expected = ref.norm_linear(x, nw, 1e-5, w)
     np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=1e-4)
-    assert any(k[0] == "matmul_" + qtype.name.lower() for k in ops.context._pipelines)
+    assert any(k[0] == "matmul." + qtype.name for k in ops.context._pipelines)
 
 
 @pytest.mark.parametrize("splits", [1, None])
@@ -199,6 +199,9 @@ def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops
     got = ops.read(ops.linear(upload(ops, x), ops.weight(w, name="w")))
     np.testing.assert_allclose(got, ref.linear(x, w, None, None), atol=2e-4, rtol=1e-4)
     constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    from kjarni.gpu import kernels
     from kjarni.gpu.ops import LINEAR_KINDS
 
-    assert real("matmul_f32", LINEAR_KINDS, constants=constants, unchecked=True) is not real("matmul_f32", LINEAR_KINDS, constants=constants)
+    source = kernels.template("matmul", "f32")
+    assert real("matmul.f32", LINEAR_KINDS, constants=constants, source=source, unchecked=True) is not real(
+        "matmul.f32", LINEAR_KINDS, constants=constants, source=source)

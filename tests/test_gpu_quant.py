@@ -1,4 +1,4 @@
-"""GGUF quantized weights on the GPU: repack layouts (kjarni/gpu/quant.py) and the linear_/embed_ kernels.
+"""GGUF quantized weights on the GPU: repack layouts (kjarni/gpu/quant.py) and the linear_ and embed kernels.
 
 The repack is held bit-exact to ``gguf.quants.dequantize``; every kernel is checked against numpy
 ``x @ dequant(W).T`` with the bias / residual / fused-rms-norm flags. The GPU tests use a minimal
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kjarni.errors import InvalidModelError
-from kjarni.gpu import quant
+from kjarni.gpu import kernels, quant
 from kjarni.weights import QuantTensor
 from tests.real_models import QWEN_CODER_05B, SMOLLM2, real_model_path
 
@@ -93,8 +93,8 @@ def test_unsupported_type_and_inconsistent_data_raise_invalid_model():
 def test_shader_source_keeps_one_entry_point_named_main():
     with_sub = quant.shader_source("linear_q8_0", subgroups=True)
     without = quant.shader_source("linear_q8_0", subgroups=False)
-    assert "subgroupAdd" in with_sub and "fn main(" in with_sub and "fn main_shared(" not in with_sub
-    assert "fn main(" in without and "workgroupBarrier" in without
+    assert "subgroupAdd" in with_sub and with_sub.count("fn main(") == 1 and "fn main_t(" in with_sub
+    assert without.count("fn main(") == 1 and "workgroupBarrier" in without and "fn main_t(" not in without
     assert "subgroupAdd" not in without and "@builtin(subgroup" not in without
 
 
@@ -122,7 +122,9 @@ class Harness:
     def pipeline(self, kernel: str, entry: str = "main", constants: dict | None = None):
         key = f"{kernel}:{entry}:{sorted((constants or {}).items())}"
         if key not in self.pipelines:
-            module = self.device.create_shader_module(code=quant.shader_source(kernel, subgroups=self.subgroups))
+            op, _, fmt = kernel.partition(".")  # "embed.Q8_0": a template rendered for a format
+            code = kernels.template(op, fmt) if fmt else quant.shader_source(kernel, subgroups=self.subgroups)
+            module = self.device.create_shader_module(code=code)
             self.pipelines[key] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry, "constants": constants or {}}
             )
@@ -181,7 +183,7 @@ class Harness:
         idb = self.storage(ids.astype(np.uint32))
         for chunk in quant.split_rows(rw, chunk_bytes or self.max_binding):
             params = (chunk.rows, rw.cols, len(ids), 0, chunk.row_offset, 0, 0.0, 0)
-            self.run(chunk.embed_kernel, params, [idb, self.storage(chunk.w_a), self.storage(chunk.w_b)], out,
+            self.run("embed." + chunk.format_name, params, [idb, self.storage(chunk.w_a), self.storage(chunk.w_b)], out,
                      min(len(ids), 65535))
         return self.read(out, (len(ids), rw.cols))
 

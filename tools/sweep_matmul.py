@@ -2,8 +2,8 @@
 
 For each of Qwen2.5-0.5B's four prefill products at ``--tokens`` tokens (default 512; qkv
 1152x896 with norm + bias, o_proj 896x896 with residual, gate_up 9728x896 with norm, down
-896x4864 reading silu(gate) * up plus residual), every configuration of ``matmul_<format>``
-(shaders/matmul_body.wgsl: TM x TN threads of 8x8 outputs, BK columns per step, KSPLIT thread
+896x4864 reading silu(gate) * up plus residual), every configuration of ``matmul.tmpl.wgsl``
+(shaders/matmul.tmpl.wgsl: TM x TN threads of 8x8 outputs, BK columns per step, KSPLIT thread
 groups splitting K, S workgroups splitting K with matmul_reduce after them, for products without a
 fused norm) is timed with timestamp queries around one compute pass of ``--reps`` back-to-back
 dispatches (median of ``--passes``), each dispatch on another copy of the weight, and checked
@@ -81,7 +81,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 # Diagnostic kernels (--probe; wrong results, timing only): the step loop without its global loads
 # (workgroup memory refilled from stale registers), and also without its two barriers.
-_LOADS = (("px = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("pw = fetch_w8(lr, (kn + lwk) / 8u);", ""))
+_LOADS = (("px = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("pw = load_w8(lr, (kn + lwk) / 8u);", ""))
 _BARRIERS = (("workgroupBarrier();  // the previous step's reads are done", ""),
              ("workgroupBarrier();\n        // Next step's", "// Next step's"))
 PROBES = {"noload": _LOADS, "noload_nobarrier": _LOADS + _BARRIERS}
@@ -124,13 +124,11 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
         label = f"TM={tm} TN={tn} BK={bk} KSPLIT={ks} S={splits}" + (" unchecked" if unchecked else "") + (f" probe={probe}" if probe else "")
         grid = (-(-rows // (8 * tn)), -(-tokens // (8 * tm)), splits)
         try:
-            source = None
-            if probe:
-                source = kernels.source("matmul_" + fmt, frozenset({"subgroup"} if ctx.has_subgroups else ()))
-                for old, new in PROBES[probe]:
-                    assert old in source, old
-                    source = source.replace(old, new)
-            pipeline = ctx.pipeline("matmul_" + fmt + (f"_{probe}" if probe else ""), LINEAR_KINDS,
+            source = kernels.template("matmul", fmt if fmt in ("f16", "f32") else fmt.upper())
+            for old, new in PROBES.get(probe, ()):
+                assert old in source, old
+                source = source.replace(old, new)
+            pipeline = ctx.pipeline("matmul." + fmt + (f"_{probe}" if probe else ""), LINEAR_KINDS,
                                     constants={"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ks}, unchecked=unchecked, source=source)
             if splits == 1:
                 steps = [(pipeline, groups, grid)]

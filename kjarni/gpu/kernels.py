@@ -8,8 +8,9 @@ A shader may contain two directives, written as WGSL comments so every file stay
 
 New kernels are written once as a template, ``shaders/<op>.tmpl.wgsl``, whose ``{{NAME}}`` fields
 are filled from the variant table of this module (`TEMPLATES`) before the directives above run:
-`template` renders one variant. The first is the decode matrix-vector product, one variant per
-weight format, each pasting its format's block decoder (`BLOCKS`).
+`template` renders one variant. The decode matrix-vector product (``matvec``), the prefill matmul
+(``matmul``) and the embedding gather (``embed``) have one variant per weight format, each pasting
+its format's block decoder (`BLOCKS`), the one place a format's layout is decoded.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ BLOCKS: dict[str, str] = {
     "Q5_1": "block_q5_1", "Q8_0": "block_q8_0", "Q4_K": "block_q4_k", "Q6_K": "block_q6_k",
 }
 """Weight format -> its block decoder (``shaders/block_<format>.wgsl``): the weight bindings, ``UNIT``,
-``unit_values(row, u)`` and ``unit_col(u, k)``; pasted by the linear kernels of that format."""
+``unit_values(row, u)``, ``unit_col(u, k)`` and ``load_w8(row, c8)`` (8 consecutive values); pasted
+by the linear, matmul and embed kernels of that format."""
 
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    "matmul": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""
 

@@ -170,8 +170,7 @@ class _Segment:
     w_a: Any
     w_b: Any
     linear_kernel: str
-    embed_kernel: str
-    dense: bool  # f32/f16: the linear_body kernels (matvec + matmul); else quant.py's `main`
+    dense: bool  # f32/f16: the linear_body kernels; else quant.py's `main`
 
 
 @dataclass(eq=False)
@@ -226,7 +225,7 @@ ATTENTION_TILED_BYTES = 30720  # attention_tiled.wgsl's workgroup memory: q, k, 
 
 
 def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int) -> int:
-    """Workgroup memory of matmul_body.wgsl's tiles: per thread group, x as BK x (2 TM + 1) and W
+    """Workgroup memory of matmul.tmpl.wgsl's tiles: per thread group, x as BK x (2 TM + 1) and W
     as BK x 2 TN vec4s."""
     return ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
 
@@ -242,7 +241,7 @@ class WgpuOps:
 
     name = "gpu"
     matvec_max_tokens = 9  # up to this many tokens (decode, speculative verify of k <= 8) matrix-vector kernels run, else tiled matmul
-    # Prefill matmul tiles (matmul_body.wgsl; chosen from tools/sweep_matmul.py on the H200):
+    # Prefill matmul tiles (matmul.tmpl.wgsl; chosen from tools/sweep_matmul.py on the H200):
     # 128x128 (K split over 2 thread groups) from this many such tiles, else 64 tokens x 128 rows.
     matmul_min_big_tiles = 1024
     matmul_split_k_below = 2048  # fewer 64x128 tiles than this: 4 thread groups split K in each
@@ -416,7 +415,7 @@ class WgpuOps:
                 chunk[:, :cols] = matrix[r : r + per_chunk]
                 buf = ctx.upload(chunk, f"{name}[{r}:]")
                 segments.append(
-                    _Segment(fmt, row0 + r, chunk.shape[0], buf, ctx.dummy, f"linear_{fmt}", f"embed_{fmt}", True)
+                    _Segment(fmt, row0 + r, chunk.shape[0], buf, ctx.dummy, f"linear_{fmt}", True)
                 )
             return segments
         reps = [quant.repack(a) for a in arrays]
@@ -433,7 +432,7 @@ class WgpuOps:
         return [
             _Segment(
                 fmt, row0 + chunk.row_offset, chunk.rows, ctx.upload(chunk.w_a, name), ctx.upload(chunk.w_b, name),
-                chunk.kernel, chunk.embed_kernel, False,
+                chunk.kernel, False,
             )
             for chunk in quant.split_rows(rep, limit)
         ]
@@ -464,7 +463,7 @@ class WgpuOps:
             )
         out = self._new(tokens, cols)
         for seg in table.segments:
-            pipeline = self._pipeline(seg, seg.embed_kernel, EMBED_KINDS, "main")
+            pipeline = self._template_pipeline("embed", seg.format, EMBED_KINDS)
             params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, row_offset=seg.row_offset))
             ctx.dispatch(pipeline, (params, id_buffer, seg.w_a, seg.w_b, out.buffer), (min(tokens, 65535), 1, 1))
         return out
@@ -532,10 +531,10 @@ class WgpuOps:
 
     def _silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
         """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``): the
-        matrix-vector kernels and matmul_body.wgsl do; a format without a matmul kernel does not."""
+        matrix-vector kernels and matmul.tmpl.wgsl do; a format without a matmul kernel does not."""
         if weight.kind != "matrix":
             return False
-        return tokens <= self.matvec_max_tokens or all(kernels.exists("matmul_" + s.format.lower()) for s in weight.segments)
+        return tokens <= self.matvec_max_tokens or all(kernels.has_template("matmul", s.format) for s in weight.segments)
 
     def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
@@ -586,7 +585,7 @@ class WgpuOps:
         if self._uses_matmul(seg, tokens):
             tm, tn, bk, ksplit = self.matmul_config(seg.rows, tokens, cols)
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit}
-            pipeline = ctx.pipeline("matmul_" + seg.format.lower(), LINEAR_KINDS, constants=constants)
+            pipeline = self._template_pipeline("matmul", seg.format, LINEAR_KINDS, constants)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
         config = self.matvec_config(seg.format, seg.rows, cols) if tokens == 1 else None
         if config is not None:
@@ -656,14 +655,11 @@ class WgpuOps:
             constants = {"R": r, "WG": threads}
             pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_sg", constants=constants)
             return pipeline, params, _fold(-(-(-(-seg.rows // r)) // (threads // 32)))
-        if tokens <= self.matvec_max_tokens:
-            chunks = -(-cols // 8)
-            threads = max(64, min(self.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
-            constants = {"R": self.matvec_rows, "WG": threads}
-            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec", constants=constants)
-            return pipeline, params, _fold(-(-seg.rows // self.matvec_rows))
-        pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matmul")
-        return pipeline, params, (-(-seg.rows // 64), -(-tokens // 64), 1)
+        chunks = -(-cols // 8)
+        threads = max(64, min(self.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
+        constants = {"R": self.matvec_rows, "WG": threads}
+        pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec", constants=constants)
+        return pipeline, params, _fold(-(-seg.rows // self.matvec_rows))
 
     def matvec_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int] | None:
         """(WG, LANES, R, UN) of matvec.tmpl.wgsl for a one-token product of a ``rows`` x ``cols``
@@ -688,7 +684,7 @@ class WgpuOps:
         return 128, 64, 1, 2
 
     def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
-        return tokens > self.matvec_max_tokens and kernels.exists("matmul_" + seg.format.lower())
+        return tokens > self.matvec_max_tokens and kernels.has_template("matmul", seg.format)
 
     def _matmul_splits(self, rows: int, tokens: int, cols: int, flags: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless
@@ -705,7 +701,7 @@ class WgpuOps:
         return splits
 
     def matmul_config(self, rows: int, tokens: int, cols: int) -> tuple[int, int, int, int]:
-        """(TM, TN, BK, KSPLIT) of the prefill matmul (matmul_body.wgsl) for a product of
+        """(TM, TN, BK, KSPLIT) of the prefill matmul (matmul.tmpl.wgsl) for a product of
         ``tokens`` x ``cols`` by ``rows`` x ``cols``.
 
         128x128 output tiles, with K split over 2 thread groups, only when there are many (less
@@ -723,6 +719,15 @@ class WgpuOps:
                               or ksplit * bk < 2 * max(tm, tn)):
             ksplit //= 2
         return tm, tn, bk, ksplit
+
+    def _template_pipeline(self, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None) -> Any:
+        """The pipeline of ``shaders/<op>.tmpl.wgsl`` rendered for weight format ``fmt`` (kernels.TEMPLATES),
+        named ``<op>.<fmt>``."""
+
+        def source() -> str:
+            return kernels.template(op, fmt)
+
+        return self.context.pipeline(f"{op}.{fmt}", kinds, constants=constants, source=source)
 
     def _pipeline(self, seg: _Segment, kernel: str, kinds: tuple[str, ...], entry: str) -> Any:
         ctx = self.context

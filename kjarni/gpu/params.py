@@ -82,8 +82,6 @@ STEP = _layout("Step", "start:u32 _pad0:u32 _pad1:u32 _pad2:u32")
 KERNEL_PARAMS: dict[str, ParamsLayout] = {
     "linear_f32": LINEAR,
     "linear_f16": LINEAR,
-    "embed_f32": EMBED,
-    "embed_f16": EMBED,
     "rms_norm": RMS_NORM,
     "silu_mul": SILU_MUL,
     "layer_norm": LAYER_NORM,

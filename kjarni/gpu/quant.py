@@ -79,11 +79,6 @@ class RepackedWeight:
     row_offset: int = 0
 
     @property
-    def embed_kernel(self) -> str:
-        """Shader file stem of the embedding gather kernel for this format."""
-        return "embed_" + self.format_name.lower()
-
-    @property
     def nbytes(self) -> int:
         return int(self.w_a.nbytes + self.w_b.nbytes)
 
@@ -251,23 +246,13 @@ def dequantize_repacked(rw: RepackedWeight) -> np.ndarray:
 
 
 def shader_source(kernel: str, *, subgroups: bool = True) -> str:
-    """WGSL of ``shaders/<kernel>.wgsl`` with one entry point ``main``.
-
-    The files carry two entry points: ``main`` (one subgroup per row, ``subgroupAdd``; needs the
-    device feature ``"subgroup"``) and ``main_shared`` (one workgroup per row, shared-memory
-    reduction). This keeps the one that fits the device, named ``main``.
-    """
+    """WGSL of ``shaders/<kernel>.wgsl`` for a device with or without subgroup operations: the
+    quantized linear kernels' ``main`` is one subgroup per row (``subgroupAdd``; device feature
+    ``"subgroup"``, plus ``main_t``) or one workgroup per row (shared-memory reduction), chosen by
+    linear_quant_body.wgsl's ``#if subgroup``."""
     from kjarni.gpu import kernels
 
-    text = kernels.source(kernel)  # the format file with linear_quant_body.wgsl pasted in
-    drop = "subgroup" if not subgroups else "shared"
-    begin, end = f"// BEGIN {drop} variant", f"// END {drop} variant"
-    if begin in text:
-        i, j = text.index(begin), text.index(end) + len(end)
-        text = text[:i] + text[j:]
-    if not subgroups:
-        text = text.replace("fn main_shared(", "fn main(")
-    return text
+    return kernels.source(kernel, frozenset({"subgroup"}) if subgroups else frozenset())
 
 
 def workgroup_count(rows: int, *, subgroups: bool = True) -> int:

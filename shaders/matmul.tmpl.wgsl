@@ -1,8 +1,7 @@
-// matmul_body: the register-tiled prefill matmul shared by every weight format (matmul_<format>.wgsl).
-// A format file declares w_a / w_b, a type WRaw and `fn fetch_w8(row, c8) -> WRaw` (the loads of
-// weights 8 c8 .. 8 c8 + 7 of `row`, no arithmetic; WRaw() is a zero chunk) and
-// `fn finish_w8(raw) -> W8` (dequantized to f32; matmul_w_direct.wgsl gives both from a
-// `load_w8` for formats that do not split them), then includes this file.
+// matmul.tmpl.wgsl: the register-tiled prefill matmul for every weight format. kjarni/gpu/kernels.py
+// renders it per format (`kernels.template("matmul", format)`): {{BLOCK}} is the format's block
+// decoder (kernels.BLOCKS: block_<format>.wgsl, which declares w_a / w_b and defines
+// `load_w8(row, c8)`, weights 8 c8 .. 8 c8 + 7 of a row dequantized to f32).
 //
 // Bindings and Params: the linear family (docs/gpu-kernels.md): params, x [tokens, cols], w_a, w_b,
 // bias, residual, norm_weight, y [tokens, y_stride].
@@ -16,9 +15,9 @@
 //   K goes BK columns per step (override, TN / 2 or TN, at most min(TM, TN)) through workgroup
 //   memory (x and W as f32, [k][token|row]). Every thread loads one column of 8 BK / TN rows of x
 //   (consecutive threads, consecutive columns: see XRaw), the first BN BK / 8 threads one 8-column
-//   chunk of a row of W each; the next step's loads are issued into registers while the current
-//   step computes and converted (norm, silu, dequantization) only when stored at the next step
-//   (two barriers per step). Workgroup memory: KSPLIT 4 BK (BM + 4 + BN) bytes: 16.5 KiB at
+//   chunk of a row of W each (load_w8: dequantized as it loads); the next step's loads are issued
+//   into registers while the current step computes, x converted (norm, silu) only when stored at
+//   the next step (two barriers per step). Workgroup memory: KSPLIT 4 BK (BM + 4 + BN) bytes: 16.5 KiB at
 //   TM = TN = BK = 16, KSPLIT = 1 and 25 KiB at TM = 8, TN = 16, BK = 8, KSPLIT = 4 (lavapipe
 //   allows 32 KiB). The fused norm's sums of squares meet in xs / ws at the end.
 // Split K (override KSPLIT, 1, 2 or 4, with KSPLIT BK >= 2 max(TM, TN)): KSPLIT groups of TM x TN
@@ -37,6 +36,7 @@
 // not unroll, and a private array indexed by a loop counter then lives in (slow) local memory.
 
 // #include linear_params.wgsl
+// #include {{BLOCK}}.wgsl
 
 override TM: u32 = 16u;     // threads along tokens: tile BM = 8 TM tokens
 override TN: u32 = 16u;     // threads along rows: tile BN = 8 TN rows
@@ -208,12 +208,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var ssa = vec4<f32>(0.0);  // sums of squares of this thread's x rows (fused norm)
     var ssb = vec4<f32>(0.0);
     var px = XRaw();  // this thread's shares of the coming step, as loaded (zeros: none)
-    var pw = WRaw();
+    var pw = W8();
     if (kbeg + g * BK + lxk < kend) {
         px = fetch_x(m0 + lxp, ts, kbeg + g * BK + lxk);
     }
     if (load_w && kbeg + g * BK + lwk < kend) {
-        pw = fetch_w8(lr, (kbeg + g * BK + lwk) / 8u);
+        pw = load_w8(lr, (kbeg + g * BK + lwk) / 8u);
     }
 
     var c0 = vec4<f32>(0.0); var d0 = vec4<f32>(0.0);
@@ -230,20 +230,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();  // the previous step's reads are done
         store_x(tx0, lxk, lxp, ts, finish_x(px, &ssa, &ssb));
         if (load_w) {
-            store_w(tw0, lwk, lwp, finish_w8(pw));
+            store_w(tw0, lwk, lwp, pw);
         }
         workgroupBarrier();
-        // Next step's chunks: in flight while this step computes (no arithmetic on them before
-        // the next step, which would wait for the loads here).
+        // Next step's chunks: in flight while this step computes (no arithmetic on x before the
+        // next step, which would wait for the loads here).
         let kn = k0 + kstep + g * BK;
         if (k0 + kstep < kend) {
             px = XRaw();
             if (kn + lxk < kend) {
                 px = fetch_x(m0 + lxp, ts, kn + lxk);
             }
-            pw = WRaw();
+            pw = W8();
             if (load_w && kn + lwk < kend) {
-                pw = fetch_w8(lr, (kn + lwk) / 8u);
+                pw = load_w8(lr, (kn + lwk) / 8u);
             }
         }
         for (var k = 0u; k < BK; k++) {
