@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidConfigurationError, InvalidModelError
 from kjarni.model import check_fits
-from kjarni.ops import Activation, DeviceTokens, KVCache, Ops, Weight
+from kjarni.backend import Activation, DeviceTokens, KVCache, Ops, Weight
 from kjarni.weights import Weights
 
 

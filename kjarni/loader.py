@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kjarni.config import SUPPORTED_MODEL_TYPES, GenerationDefaults, ModelConfig
+from kjarni.model_config import SUPPORTED_MODEL_TYPES, GenerationDefaults, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
 from kjarni.gpt2 import GPT2Model
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.progress import Progress
-from kjarni.ops import Ops
+from kjarni.backend import Ops
 from kjarni.tokenizer import Tokenizer
 from kjarni.weights import Weights, check_shapes, load_weights
 

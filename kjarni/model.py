@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
-from kjarni.ops import Activation, DeviceTokens, KVCache, Ops, Weight
+from kjarni.backend import Activation, DeviceTokens, KVCache, Ops, Weight
 from kjarni.weights import Weights
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3")

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
-from kjarni.ops import WeightSource
+from kjarni.backend import WeightSource
 from kjarni.weights import QuantTensor
 
 

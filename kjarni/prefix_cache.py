@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.ops import KVCache
+from kjarni.backend import KVCache
 
 DEFAULT_PREFIX_CACHE_TOKENS = 4096
 """Tokens a prefix cache holds unless the caller picks a size (clamped to the model's context)."""

@@ -37,8 +37,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.ops import KVCache
-from kjarni.sampling import Sampler, apply_repetition_penalty
+from kjarni.backend import KVCache
+from kjarni.sampler import Sampler, apply_repetition_penalty
 
 MAX_DRAFT_TOKENS = 8
 """The longest round the adaptive length considers (``num_draft_tokens=None``)."""
@@ -286,7 +286,7 @@ def speculative_step(
     plain run, before its last token is yielded. Between rounds, the target's cache holds every
     token but the last one yielded and the draft's cache at most as many.
     """
-    from kjarni.generate import choose_token, generate_step, prefill, step_name  # generate.py imports this module
+    from kjarni.stream import choose_token, generate_step, prefill, step_name  # generate.py imports this module
 
     if length is None:
         length = DraftLength(num_draft_tokens, draft_p_min)
@@ -353,7 +353,7 @@ def _propose(
     draft forwards run, and whether drafting stopped early: before a token whose top probability
     is below ``p_min`` (checked where the draft's logits are read anyway, so not on a backend
     drafting greedily ahead on the device)."""
-    from kjarni.generate import checked_ids, choose_token
+    from kjarni.stream import checked_ids, choose_token
 
     # Catch up on what the draft has not seen: the last token, plus the previous round's last
     # proposal or resampled token when the target accepted everything (or the plain run's tokens).
@@ -404,7 +404,7 @@ def _verify(
     logprobs: bool,
 ) -> tuple[int, list[tuple[int, float | None]]]:
     """How many drafts the target accepts, and the tokens (with logprobs) the round emits."""
-    from kjarni.generate import checked_ids
+    from kjarni.stream import checked_ids
 
     ops, k = target.ops, len(drafts)
     if sampler.greedy and not (sampler.needs_full_logits or logprobs):

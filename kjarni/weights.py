@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import gguf
 import numpy as np
 
-from kjarni.config import GGUF_PERMUTED_ARCHS, ModelConfig
+from kjarni.model_config import GGUF_PERMUTED_ARCHS, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
 
 GGMLType = gguf.GGMLQuantizationType

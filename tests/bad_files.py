@@ -203,7 +203,7 @@ class _TooMuchMemory(Exception):
 def load_outcome(path: Path) -> tuple[str, str]:
     """Load ``path`` (a GGUF file or a model folder) and return ``(outcome, detail)``; see the module doc."""
     from kjarni.errors import KjarniError
-    from kjarni.generate import GenerationParams, stream_generate
+    from kjarni.stream import GenerationParams, stream_generate
     from kjarni.loader import load_model
 
     tracing = tracemalloc.is_tracing()

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidModelError
 from kjarni.gpt2 import GPT2Model
 from kjarni.loader import build_model
 from kjarni.model import DecoderModel, rope_table
 from kjarni.numpy_ops import NumpyOps
-from kjarni.ops import Ops
+from kjarni.backend import Ops
 from kjarni.weights import check_shapes, load_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "arch"

@@ -12,7 +12,7 @@ import pytest
 
 from kjarni import loader
 from kjarni.errors import HostOutOfMemoryError, InvalidConfigurationError, LoadFailedError, NonFiniteLogitsError
-from kjarni.generate import GenerationParams, stream_generate
+from kjarni.stream import GenerationParams, stream_generate
 from kjarni.generator import Generator, GenerationOverrides
 from kjarni.numpy_ops import NumpyOps
 from kjarni.tokenizer import Tokenizer

@@ -7,7 +7,7 @@ import json
 import gguf
 import pytest
 
-from kjarni.config import GenerationDefaults, ModelConfig
+from kjarni.model_config import GenerationDefaults, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
 from kjarni.weights import load_weights
 from tests.tiny_models import random_state_dict, save_gguf_model, save_safetensors_model, tiny_config

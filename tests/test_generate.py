@@ -8,9 +8,9 @@ import weakref
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
-from kjarni.generate import (
+from kjarni.stream import (
     GenerationParams,
     GenerationStats,
     TokenEvent,
@@ -19,7 +19,7 @@ from kjarni.generate import (
 )
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
-from kjarni.sampling import make_sampler
+from kjarni.sampler import make_sampler
 from kjarni.weights import load_weights
 from tests.tiny_models import random_state_dict, save_safetensors_model, tiny_config
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.weights import QuantTensor, load_weights
@@ -97,8 +97,8 @@ def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp
 
 def _generate(model, prompt, count, **kwargs):
     """The first ``count`` greedy tokens of generate_step, and the cache it used."""
-    from kjarni.generate import generate_step
-    from kjarni.sampling import make_sampler
+    from kjarni.stream import generate_step
+    from kjarni.sampler import make_sampler
 
     cache = model.new_cache(64)
     steps = generate_step(model, prompt, make_sampler(0.0), np.random.default_rng(0), cache, **kwargs)
@@ -137,8 +137,8 @@ def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_p
 
     # A consumer going on past max_tokens still gets tokens, then the cache end raises as usual.
     from kjarni.errors import ContextOverflowError
-    from kjarni.generate import generate_step
-    from kjarni.sampling import make_sampler
+    from kjarni.stream import generate_step
+    from kjarni.sampler import make_sampler
 
     cache = gpu.new_cache(len(PROMPT) + 3)
     steps = generate_step(gpu, PROMPT, make_sampler(0.0), np.random.default_rng(0), cache, max_tokens=2)

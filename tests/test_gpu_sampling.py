@@ -1,5 +1,5 @@
 """Sampling on the GPU (sample.wgsl after top_k.wgsl) against the numpy sampler, and the finite
-check folded into argmax / top_k: NaN or inf logits read as -1 (kjarni/ops.py) and raise
+check folded into argmax / top_k: NaN or inf logits read as -1 (kjarni/backend.py) and raise
 NonFiniteLogitsError naming the step, greedy or sampled, running ahead or step by step.
 
 The GPU draws with the uniform numpy's sampler would consume for the same token, so for the same
@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import NonFiniteLogitsError
-from kjarni.generate import generate_step
+from kjarni.stream import generate_step
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
-from kjarni.ops import UNDECIDED
-from kjarni.sampling import make_sampler
+from kjarni.backend import UNDECIDED
+from kjarni.sampler import make_sampler
 from tests.tiny_models import random_state_dict, tiny_config
 
 pytestmark = pytest.mark.gpu

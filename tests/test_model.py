@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
 from kjarni.model import DecoderModel, rope_table
 from kjarni.numpy_ops import NumpyOps

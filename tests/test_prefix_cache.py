@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidConfigurationError
-from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache

@@ -59,7 +59,7 @@ def test_entries_offer_only_models_this_version_can_run():
 
 
 def test_every_entry_has_an_architecture_with_a_forward():
-    from kjarni.config import SUPPORTED_MODEL_TYPES
+    from kjarni.model_config import SUPPORTED_MODEL_TYPES
 
     assert registry.SUPPORTED_ARCHITECTURES == frozenset(SUPPORTED_MODEL_TYPES)
     assert {e.architecture for e in entries(include_unsupported=True)} <= registry.SUPPORTED_ARCHITECTURES

@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from kjarni.errors import GenerationFailedError, InvalidConfigurationError
 from kjarni.numpy_ops import NumpyOps
-from kjarni.sampling import (
+from kjarni.sampler import (
     Sampler,
     apply_repetition_penalty,
     apply_temperature,

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
-from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 from kjarni.loader import load_model
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 from kjarni.speculative import INITIAL_DRAFT_TOKENS, MAX_DRAFT_TOKENS, DraftLength, speculative_step
 from tests.test_generate import FakeTokenizer
 from tests.test_speculative import PROMPT, _build, _chi_square, _critical, _exact_joint, _tokens
@@ -274,7 +274,7 @@ def test_sampling_with_the_adaptive_length_and_early_stops_follows_the_targets_d
 
 @pytest.mark.gpu
 def test_gpu_adaptive_greedy_with_plain_runs_is_plain_greedy(tmp_path, gpu_ops):
-    from kjarni.config import ModelConfig
+    from kjarni.model_config import ModelConfig
     from kjarni.model import DecoderModel
     from kjarni.weights import load_weights
 

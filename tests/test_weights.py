@@ -12,7 +12,7 @@ import pytest
 import safetensors.numpy
 
 import kjarni.weights
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidModelError, KjarniError, LoadFailedError
 from kjarni.weights import QuantTensor, check_shapes, load_weights
 from tests.tiny_models import (

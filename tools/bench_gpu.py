@@ -103,7 +103,7 @@ def random_quant(fmt: str, shape: tuple[int, int], rng):
 
 
 def build(shape: str, fmt: str, ops):
-    from kjarni.config import ModelConfig
+    from kjarni.model_config import ModelConfig
     from kjarni.model import DecoderModel
 
     config = dict(SHAPES[shape])
@@ -225,9 +225,9 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
 
 def _decode_ahead(model, cache, prompt, steps: int, sampler=None) -> float:
     """Seconds for ``steps`` tokens after the first (greedy unless ``sampler``), through
-    kjarni.generate.generate_step."""
-    from kjarni.generate import generate_step
-    from kjarni.sampling import make_sampler
+    kjarni.stream.generate_step."""
+    from kjarni.stream import generate_step
+    from kjarni.sampler import make_sampler
 
     seconds = []
     for _ in range(2):  # the first run warms the bursts' pipelines and buffers
@@ -267,7 +267,7 @@ def _sampling_costs(model, ops, cache, prompt, token: int, steps: int) -> dict:
     drawn on the GPU, kjarni/gpu/sampling.py) against greedy, and what the finite check folded into
     argmax / top_k costs: decode tok/s with ``finite_check`` off, interleaved rounds, best of 3, and
     the GPU time of one step's selection kernels from timestamps (one pass each, so a few us high)."""
-    from kjarni.sampling import make_sampler
+    from kjarni.sampler import make_sampler
 
     variants = {"greedy": make_sampler(0.0), "sampled": make_sampler(0.7, top_k=50, top_p=0.9)}
     best: dict[tuple[str, bool], float] = defaultdict(lambda: float("inf"))

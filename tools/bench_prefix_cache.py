@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="cold and cached runs, interleaved")
     args = parser.parse_args()
 
-    from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+    from kjarni.stream import GenerationParams, GenerationStats, stream_generate
     from kjarni.loader import load_model
     from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
     from kjarni.sources import resolve

@@ -63,7 +63,7 @@ def _tail(model, cache, prompt, n: int) -> float:
 
 
 def bench_context(model, length: int, repeats: int) -> dict:
-    from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+    from kjarni.stream import GenerationParams, GenerationStats, stream_generate
     from kjarni.prefix_cache import PrefixCache
 
     ops = model.ops

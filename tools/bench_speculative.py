@@ -55,7 +55,7 @@ def chat(system: str, text: str) -> str:
 
 
 def generate(target, tokenizer, prompt_ids, params, **kwargs):
-    from kjarni.generate import GenerationStats, stream_generate
+    from kjarni.stream import GenerationStats, stream_generate
 
     stats = GenerationStats()
     tokens = [e.token_id for e in stream_generate(target, tokenizer, prompt_ids, params, stats=stats, **kwargs)]
@@ -113,7 +113,7 @@ def bench_prompt(name, target, draft, tokenizer, prompt_ids, params, ks, repeats
 
 
 def bench_numpy(args) -> dict:
-    from kjarni.generate import GenerationParams
+    from kjarni.stream import GenerationParams
     from kjarni.loader import load_model
     from kjarni.sources import resolve
     from kjarni.speculative import check_draft_compatible
@@ -146,7 +146,7 @@ def agreeing_pair(target_shape: str, draft_shape: str, rate: float, ops, seed: i
     """
     from bench_gpu import SHAPES, RandomWeights
 
-    from kjarni.config import ModelConfig
+    from kjarni.model_config import ModelConfig
     from kjarni.model import DecoderModel
 
     vocab = SHAPES[target_shape]["vocab_size"]
@@ -188,7 +188,7 @@ def agreeing_pair(target_shape: str, draft_shape: str, rate: float, ops, seed: i
 
 
 def bench_random_gpu(args) -> dict:
-    from kjarni.generate import GenerationParams
+    from kjarni.stream import GenerationParams
     from kjarni.gpu import WgpuContext, WgpuOps
 
     if not os.environ.get("XDG_RUNTIME_DIR"):

@@ -35,7 +35,7 @@ from kjarni.generator.presets import (
     find_preset,
     list_presets,
 )
-from kjarni.generator.registry import available_models, is_generator_model, suggested_models
+from kjarni.generator.availability import available_models, is_generator_model, suggested_models
 from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS
 from kjarni.sources import DownloadPolicy
 

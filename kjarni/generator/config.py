@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.sampling import MIN_TEMPERATURE
+from kjarni.sampler import MIN_TEMPERATURE
 
 
 class KjarniDevice(enum.Enum):
@@ -169,7 +169,7 @@ class GenerationOverrides:
     """One layer of generation settings; ``None`` leaves a field to the layers below.
 
     ``temperature=0`` means greedy (argmax); a temperature above 0 must be at least
-    ``kjarni.sampling.MIN_TEMPERATURE`` (1e-5). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
+    ``kjarni.sampler.MIN_TEMPERATURE`` (1e-5). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
     those filters off; ``repetition_penalty=1`` is no penalty. ``stop`` strings end the text
     before the first occurrence of any of them. Any integral (``numpy.int64(3)``) is accepted
     where an int is expected and any real number where a float is.

@@ -119,7 +119,7 @@ class Generator:
         self._owns_gpu_context = owns_gpu_context  # made by the builder (not with_context): close() closes it
         self._closed = False
         self.last_stats: Any = None
-        """Statistics of the most recent finished generation (``kjarni.generate.GenerationStats``)."""
+        """Statistics of the most recent finished generation (``kjarni.stream.GenerationStats``)."""
 
     # ------------------------------------------------------------ construction
 
@@ -512,8 +512,8 @@ class Generator:
         return self._draft_kv_cache
 
     def _events(self, prompt_ids: list[int], config: ResolvedGenerationConfig) -> tuple[Iterator[Any], Any]:
-        """The generation loop of ``kjarni.generate`` for one call, and its stats object."""
-        from kjarni.generate import GenerationParams, GenerationStats, stream_generate
+        """The generation loop of ``kjarni.stream`` for one call, and its stats object."""
+        from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 
         params = GenerationParams(
             max_tokens=config.max_tokens,

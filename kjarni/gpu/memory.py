@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from kjarni.config import ModelConfig
+from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidConfigurationError
 from kjarni.weights import QuantTensor, Weights
 

@@ -1,4 +1,4 @@
-"""WgpuOps: the `Ops` contract (kjarni/ops.py) on a WebGPU device, matching NumpyOps.
+"""WgpuOps: the `Ops` contract (kjarni/backend.py) on a WebGPU device, matching NumpyOps.
 
 Every op records dispatches into the context's one command encoder; ``read``, ``argmax`` and
 ``top_k`` submit it once and read back only what they return, so a decode step (all layers,
@@ -36,7 +36,7 @@ from kjarni.gpu.params import (
     SILU_MUL,
     STEP,
 )
-from kjarni.ops import DeviceTokens, WeightSource
+from kjarni.backend import DeviceTokens, WeightSource
 from kjarni.weights import QuantTensor
 
 LINEAR_KINDS = ("uniform", "read", "read", "read", "read", "read", "read", "rw")
@@ -1012,7 +1012,7 @@ class WgpuOps:
 
     def read_tokens(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
         """The ids of ``handles`` in one readback: ``-1`` where the logits were not finite,
-        ``kjarni.ops.UNDECIDED`` for a draw left to the CPU (`gpu_sampling.decode_ring`)."""
+        ``kjarni.backend.UNDECIDED`` for a draw left to the CPU (`gpu_sampling.decode_ring`)."""
         if not handles:
             return []
         ring, counts = self._token_ring, [len(h) for h in handles]

@@ -11,13 +11,13 @@ device, and `WgpuOps.read_tokens` reads a burst of them at once.
 
 What runs on the device (`runs_on_device`): top-k between 1 and 255, with any temperature, top-p
 and min-p, and no repetition penalty. Otherwise the loop reads the logits back every step
-(kjarni.generate.choose_token), as it does for ``logprobs``.
+(kjarni.stream.choose_token), as it does for ``logprobs``.
 
 Every chosen id carries a status: `NOT_FINITE` when the logits held a NaN or an inf, which
 argmax.wgsl and top_k.wgsl detect while ranking (a bad value ranks first), and `UNDECIDED_STATUS`
 when a tie at the top-k boundary leaves the candidates unable to decide (the CPU then draws from
 the full logits with the same ``u``). `decode_ring` reads them as ops.py's ``-1`` (the loop
-raises ``NonFiniteLogitsError`` naming the step) and ``kjarni.ops.UNDECIDED``.
+raises ``NonFiniteLogitsError`` naming the step) and ``kjarni.backend.UNDECIDED``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from kjarni.errors import InvalidConfigurationError
 from kjarni.gpu.params import DRAW, SAMPLE
-from kjarni.ops import UNDECIDED
+from kjarni.backend import UNDECIDED
 
 if TYPE_CHECKING:
     from kjarni.gpu.context import Scratch

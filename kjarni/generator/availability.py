@@ -43,7 +43,7 @@ def is_generator_model(model: str | os.PathLike[str]) -> None:
 
 def _check_local(path: Path) -> None:
     """Read a local model's config (config.json or GGUF metadata) and check it is a supported decoder."""
-    from kjarni.config import ModelConfig
+    from kjarni.model_config import ModelConfig
 
     if path.is_dir():
         if (path / "config.json").is_file():

@@ -33,7 +33,7 @@ Non-finite logits (NaN, +inf or -inf anywhere in a row) are flagged by the reduc
 loop already runs, never by an extra pass: ``argmax`` returns ``-1`` for such a row, ``top_k``
 returns ``-1`` as every id of such a row (its values are then unspecified), and the ids
 ``read_tokens`` gives back for an ``argmax_ahead`` handle follow ``argmax``. Backends do not raise
-for it; the loop (generate.py, ``checked_token``) turns a ``-1`` into ``NonFiniteLogitsError``
+for it; the loop (stream.py, ``checked_ids``) turns a ``-1`` into ``NonFiniteLogitsError``
 naming the step (the prefill or decode step n). A GPU kernel folds the check into its reduction
 (e.g. a per-row flag set when ``x != x`` or ``abs(x) == inf``, written as ``-1`` with the result). A
 ``DeviceTokens`` row holding ``-1`` may still be fed to ``embed`` before it is read back (a run-ahead

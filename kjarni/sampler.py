@@ -321,7 +321,7 @@ class FixedDraw:
     """A stand-in for ``np.random.Generator`` holding one uniform drawn earlier: ``random()`` returns it.
 
     The GPU draws a token with a uniform taken from the generator when the step was recorded; a
-    draw it leaves to the CPU (``kjarni.ops.UNDECIDED``) is made with that same uniform.
+    draw it leaves to the CPU (``kjarni.backend.UNDECIDED``) is made with that same uniform.
     """
 
     def __init__(self, u: float) -> None:

@@ -24,9 +24,9 @@ import numpy as np
 
 from kjarni.detokenizer import StopStrings, StreamingDetokenizer
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError, NonFiniteLogitsError
-from kjarni.ops import UNDECIDED, Activation, KVCache
+from kjarni.backend import UNDECIDED, Activation, KVCache
 from kjarni.prefix_cache import PrefixCache
-from kjarni.sampling import FixedDraw, Sampler, make_sampler, validate_sampling
+from kjarni.sampler import FixedDraw, Sampler, make_sampler, validate_sampling
 from kjarni.speculative import speculative_step, validate_draft_p_min, validate_draft_tokens
 
 MAX_CANDIDATES = 1024
@@ -157,7 +157,7 @@ def decode_one_token(model, kv_cache: KVCache, token_id: int) -> Activation:
 
 def checked_ids(model, ids: np.ndarray, step: str) -> np.ndarray:
     """``ids`` from ``argmax`` / ``top_k`` / ``read_tokens``; a ``-1`` (a row of NaN or inf logits,
-    ops.py) raises ``NonFiniteLogitsError`` naming ``step`` ("the prefill of 5 tokens", "decode step 3")."""
+    backend.py) raises ``NonFiniteLogitsError`` naming ``step`` ("the prefill of 5 tokens", "decode step 3")."""
     ids = np.asarray(ids)
     if ids.size and ids.min() < 0:
         raise _non_finite(model, step)
