@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the best is reported")
     args = parser.parse_args()
 
-    from kjarni.config import ModelConfig
+    from kjarni.model_config import ModelConfig
     from kjarni.sources import resolve
     from kjarni.tokenizer import Tokenizer
     from kjarni.weights import check_shapes, load_weights
