@@ -6,8 +6,8 @@
 //   probabilities >= min_p x the largest; the token is the first in id order whose cumulative
 //   weight exceeds u x the total, u being the step's uniform draw in [0, 1).
 // Bindings: params, draw (the step's u), candidates [n] (value bits, index; out[0] carries the
-// logit's own bits), out [2]: (token, status). Status 0: drawn; 1: the logits are not finite
-// (a NaN or an inf somewhere, ranked first by top_k; token 0); 2: undecided (token: the best candidate, so the
+// logit's own bits; where params.flagged, then top_k's "incomplete" flag), out [2]: (token, status). Status 0: drawn; 1: the logits are not finite
+// (a NaN or an inf somewhere, ranked first by top_k; token 0); 2: undecided, or incomplete (token: the best candidate, so the
 // step it feeds stays valid). Grid (1, 1, 1): one thread per candidate, n <= WG.
 // Float32 throughout (numpy uses float64): the token can differ only where u falls within rounding
 // of a boundary between two tokens' cumulative probabilities, or the mass ahead within rounding of top_p.
@@ -18,7 +18,7 @@ struct Params {
     temperature: f32,
     top_p: f32,
     min_p: f32,
-    _pad0: u32,
+    flagged: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -138,7 +138,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         if (first.y == NO_INDEX || is_bad_logit(bitcast<f32>(first.x))) {
             token = 0u;
             status = 1u;
-        } else if (undecided) {
+        } else if (undecided || (params.flagged != 0u && candidates[params.n].x != 0u)) {
             token = ranked_id[0];
             status = 2u;
         }

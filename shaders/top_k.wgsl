@@ -6,6 +6,11 @@
 // non-finite row shows in out[t, 0] (the finite check of sample.wgsl and of the CPU sampler).
 // chunks: grid (chunks, tokens): each workgroup selects the k best of its ITEMS WG values.
 // main:   grid (1, tokens): selects the k best of the row's chunks * k candidates.
+// Sampling's variant (PER_CHUNK = m > 0, kjarni/gpu/sampling.py): chunk w holds the columns
+// w, w + chunks, w + 2 chunks, .. (a row's best spread evenly over the chunks whatever the ids) and
+// keeps only its m best, so the chunk pass runs m rounds instead of k. Main still selects k; when
+// it takes some chunk's m-th candidate, that chunk may hold more of the k best, and it writes
+// out[tokens * k + t] = (1, 0) ("incomplete": the sampler leaves the draw to the CPU), else (0, 0).
 
 struct Params {
     cols: u32,
@@ -20,7 +25,23 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<vec2<u32>>;
 
 override WG: u32 = 256u;
+override PER_CHUNK: u32 = 0u;
 const ITEMS: u32 = 8u;
+
+var<workgroup> took_last: u32;  // main, PER_CHUNK > 0: some chunk's m-th candidate was taken
+
+fn per_chunk() -> u32 {
+    return select(params.k, PER_CHUNK, PER_CHUNK > 0u);
+}
+
+// The column of item `slot` (= i WG + lid) of chunk `chunk`, and back.
+fn column(chunk: u32, slot: u32) -> u32 {
+    return select(chunk * ITEMS * WG + slot, slot * params.chunks + chunk, PER_CHUNK > 0u);
+}
+
+fn slot_of(c: u32) -> u32 {
+    return select(c % (ITEMS * WG), c / params.chunks, PER_CHUNK > 0u);
+}
 
 // #include reduce.wgsl
 
@@ -42,26 +63,27 @@ fn chunks(
     let t = wid.y;
     var vals: array<f32, ITEMS>;
     var live = 0u;  // bit i: item i not yet taken
+    let m = per_chunk();
     for (var i = 0u; i < ITEMS; i++) {
-        let c = (wid.x * ITEMS + i) * WG + lid;
+        let c = column(wid.x, i * WG + lid);
         if (c < params.cols) {
             vals[i] = rank_key(x[t * params.cols + c]);
             live |= 1u << i;
         }
     }
-    for (var n = 0u; n < params.k; n++) {
+    for (var n = 0u; n < m; n++) {
         var bv = NEG_BIG;
         var bi = NO_INDEX;
         for (var i = 0u; i < ITEMS; i++) {
-            let c = (wid.x * ITEMS + i) * WG + lid;
+            let c = column(wid.x, i * WG + lid);
             if ((live & (1u << i)) != 0u && beats(vals[i], c, bv, bi)) { bv = vals[i]; bi = c; }
         }
         let best = workgroup_argmax(bv, bi, lid, sg);
-        if (best.y != NO_INDEX && best.y % WG == lid) {
-            live &= ~(1u << ((best.y / WG) % ITEMS));
+        if (best.y != NO_INDEX && slot_of(best.y) % WG == lid) {
+            live &= ~(1u << (slot_of(best.y) / WG));
         }
         if (lid == 0u) {
-            partial[(t * params.chunks + wid.x) * params.k + n] = best;
+            partial[(t * params.chunks + wid.x) * m + n] = best;
         }
     }
 }
@@ -82,8 +104,10 @@ fn main(
     let sg = vec3<u32>(0u);
 // #endif
     let t = wid.y;
-    let n_cand = params.chunks * params.k;
+    let m = per_chunk();
+    let n_cand = params.chunks * m;
     let base = t * n_cand;
+    if (lid == 0u) { took_last = 0u; }
     for (var n = 0u; n < params.k; n++) {
         var bv = NEG_BIG;
         var bi = NO_INDEX;
@@ -96,6 +120,7 @@ fn main(
         if (best.y != NO_INDEX && best.y == bi) {
             // This thread holds the winner (indices are unique): take it out of the running.
             partial[base + bj] = vec2<u32>(bitcast<u32>(NEG_BIG), NO_INDEX);
+            if (PER_CHUNK > 0u && bj % m == m - 1u) { took_last = 1u; }
         }
         if (lid == 0u) {
             var pair = best;
@@ -103,6 +128,12 @@ fn main(
                 pair.x = bitcast<u32>(x[t * params.cols + best.y]);  // NaN / inf as they are
             }
             out[t * params.k + n] = pair;
+        }
+    }
+    if (PER_CHUNK > 0u) {
+        workgroupBarrier();
+        if (lid == 0u) {
+            out[params.tokens * params.k + t] = vec2<u32>(took_last, 0u);
         }
     }
 }

@@ -18,7 +18,7 @@ from kjarni.stream import generate_step
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.backend import UNDECIDED
-from kjarni.sampler import make_sampler
+from kjarni.sampler import FixedDraw, make_sampler
 from tests.tiny_models import random_state_dict, tiny_config
 
 pytestmark = pytest.mark.gpu
@@ -82,7 +82,9 @@ def test_the_gpu_draws_the_numpy_samplers_token_for_the_same_uniform(gpu_ops, se
     sampler = make_sampler(**settings)
     assert gpu_ops.samples_ahead(sampler)
     rng = np.random.default_rng(sum(map(ord, str(settings))))
-    for cols in (97, 3001):  # one chunk; two chunks of top_k.wgsl, the last one partial
+    # One chunk; two chunks of top_k.wgsl, the last one partial; 15 chunks, where top-k 50 keeps
+    # 16 candidates per interleaved chunk (PER_CHUNK).
+    for cols in (97, 3001, 30011):
         logits = (rng.standard_normal((1, cols)) * 2.5).astype(np.float32)
         logits[0, 7] = -1e30  # a token that is never drawn
         row = upload(gpu_ops, logits)
@@ -104,6 +106,21 @@ def test_a_tie_at_the_top_k_boundary_is_left_to_the_cpu(gpu_ops):
     logits[0, 30] = 4.0  # ranks 2..4 tie at 4.0: top-k keeps all three, the candidates see two
     tied = gpu_ops.read_tokens([gpu_ops.sample_ahead(upload(gpu_ops, logits), sampler, 0.5)])
     assert int(tied[0][0]) == UNDECIDED
+
+
+def test_a_chunk_holding_more_than_its_share_of_the_best_leaves_the_draw_to_the_cpu(gpu_ops):
+    from kjarni.gpu.sampling import PER_CHUNK
+
+    sampler = make_sampler(temperature=1.0, top_k=50)
+    cols = 30000  # 15 chunks: chunk w holds the columns w, w + 15, ..
+    logits = np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32)
+    logits[0, 3::15] = -5.0
+    logits[0, 3 + 15 * np.arange(PER_CHUNK - 1)] = 10.0 + np.arange(PER_CHUNK - 1)  # 15 of the best
+    decided = gpu_ops.read_tokens([gpu_ops.sample_ahead(upload(gpu_ops, logits), sampler, 0.3)])
+    assert [int(decided[0][0])] == [sampler.sample(logits[0], [], FixedDraw(0.3))[0]]
+    logits[0, 3 + 15 * (PER_CHUNK - 1)] = 9.5  # a 16th: chunk 3 may hold more than it kept
+    undecided = gpu_ops.read_tokens([gpu_ops.sample_ahead(upload(gpu_ops, logits), sampler, 0.3)])
+    assert int(undecided[0][0]) == UNDECIDED
 
 
 # ---------------------------------------------------------------- the loop

@@ -1062,17 +1062,19 @@ class WgpuOps:
         ids[~np.isfinite(values[:, 0])] = -1  # the first pair carries a NaN / inf logit as it is (top_k.wgsl)
         return values, ids
 
-    def _top_k(self, x: GpuTensor, k: int) -> Scratch:
+    def _top_k(self, x: GpuTensor, k: int, per_chunk: int = 0) -> Scratch:
         """Records the ``k`` (<= MAX_TOP_K, <= cols) best (value bits, index) pairs of each row into
-        a new ``[tokens, k]`` buffer; NaN and inf rank first and the first pair keeps their bits."""
+        a new ``[tokens, k]`` buffer; NaN and inf rank first and the first pair keeps their bits.
+        ``per_chunk`` > 0: top_k.wgsl's sampling variant (``per_chunk`` candidates per interleaved
+        chunk), with a ``[tokens]`` "incomplete" pair after the ``[tokens, k]`` ones."""
         ctx = self.context
         tokens, cols = x.shape
         chunks = -(-cols // 2048)
-        partial = ctx.scratch(tokens * chunks * k * 8)
-        out = ctx.scratch(tokens * k * 8)
+        partial = ctx.scratch(tokens * chunks * (per_chunk or k) * 8)
+        out = ctx.scratch(tokens * (k + (1 if per_chunk else 0)) * 8)
         params = ctx.uniform(SELECT.pack(cols=cols, tokens=tokens, chunks=chunks, k=k))
         buffers = (params, x.buffer, partial.buffer, out.buffer)
-        constants = self._finite_constants()
+        constants = {**(self._finite_constants() or {}), **({"PER_CHUNK": per_chunk} if per_chunk else {})} or None
         ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="chunks", constants=constants), buffers, (chunks, tokens, 1))
         ctx.dispatch(ctx.pipeline("top_k", SELECT_KINDS, entry="main", constants=constants), buffers, (1, tokens, 1))
         return out

@@ -71,8 +71,9 @@ ATTENTION_STEP = _layout(
 """attention_step.wgsl (decode: rope_store and attention_single in one dispatch)."""
 SELECT = _layout("SelectParams", "cols:u32 tokens:u32 chunks:u32 k:u32")
 """argmax and top_k."""
-SAMPLE = _layout("SampleParams", "n:u32 top_k:u32 temperature:f32 top_p:f32 min_p:f32 _pad0:u32 _pad1:u32 _pad2:u32")
-"""sample.wgsl: ``n`` candidates (top_k + 1, or the vocabulary if smaller) and the sampler's settings."""
+SAMPLE = _layout("SampleParams", "n:u32 top_k:u32 temperature:f32 top_p:f32 min_p:f32 flagged:u32 _pad1:u32 _pad2:u32")
+"""sample.wgsl: ``n`` candidates (top_k + 1, or the vocabulary if smaller) and the sampler's settings;
+``flagged``: candidates[n] holds top_k.wgsl's "incomplete" flag (its PER_CHUNK variant)."""
 DRAW = _layout("Draw", "u:f32 _pad0:u32 _pad1:u32 _pad2:u32")
 """sample.wgsl's per-step uniform: the step's random draw ``u`` in [0, 1)."""
 

@@ -1,7 +1,8 @@
 """Sampling on the GPU: the next token drawn on the device, so sampled decoding runs ahead as greedy does.
 
 After a step's logits, `record_sample` records top_k.wgsl (the sampler's ``top_k + 1`` best
-logits) and sample.wgsl, which applies temperature, top-p and min-p to those candidates and draws
+logits; over a large vocabulary its variant that keeps `PER_CHUNK` per interleaved chunk and says
+when that may have missed one) and sample.wgsl, which applies temperature, top-p and min-p to those candidates and draws
 with the step's uniform ``u``. ``u`` is the ``rng.random()`` numpy's sampler would consume for the
 same token, drawn on the CPU in the same order (one per sampled token), so a GPU run and a numpy
 run with the same seed give the same tokens wherever their candidates agree: only float32
@@ -15,8 +16,8 @@ and min-p, and no repetition penalty. Otherwise the loop reads the logits back e
 
 Every chosen id carries a status: `NOT_FINITE` when the logits held a NaN or an inf, which
 argmax.wgsl and top_k.wgsl detect while ranking (a bad value ranks first), and `UNDECIDED_STATUS`
-when a tie at the top-k boundary leaves the candidates unable to decide (the CPU then draws from
-the full logits with the same ``u``). `decode_ring` reads them as ops.py's ``-1`` (the loop
+when a tie at the top-k boundary, or a chunk holding more than `PER_CHUNK` of the best, leaves the
+candidates unable to decide (the CPU then draws from the full logits with the same ``u``). `decode_ring` reads them as ops.py's ``-1`` (the loop
 raises ``NonFiniteLogitsError`` naming the step) and ``kjarni.backend.UNDECIDED``.
 """
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 SAMPLE_KINDS = ("uniform", "uniform", "read", "rw")
 MAX_DEVICE_TOP_K = 255  # sample.wgsl holds top_k + 1 candidates, one per thread of its 256
+PER_CHUNK = 16  # candidates per chunk of top_k.wgsl's sampling variant (16 rounds instead of top_k + 1)
 NOT_FINITE = 1  # statuses written after the ids by argmax.wgsl and sample.wgsl
 UNDECIDED_STATUS = 2
 _BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
@@ -54,9 +56,14 @@ def record_sample(ops: Any, logits: Any, sampler: Any, draw: float) -> Scratch:
         raise InvalidConfigurationError(f"sample_ahead draws from one row of logits, got {rows}")
     ctx = ops.context
     n = min(sampler.candidate_count, cols)
-    candidates = ops._top_k(logits, n)
+    chunks = -(-cols // 2048)
+    # PER_CHUNK candidates per chunk where the chunks hold several times n between them: a chunk
+    # with more of the n best (rare, the chunks are interleaved) makes the draw the CPU's.
+    per_chunk = PER_CHUNK if n > PER_CHUNK and chunks * PER_CHUNK >= 4 * n else 0
+    candidates = ops._top_k(logits, n, per_chunk)
     params = ctx.uniform(
-        SAMPLE.pack(n=n, top_k=sampler.top_k, temperature=sampler.temperature, top_p=sampler.top_p, min_p=sampler.min_p)
+        SAMPLE.pack(n=n, top_k=sampler.top_k, temperature=sampler.temperature, top_p=sampler.top_p,
+                    min_p=sampler.min_p, flagged=int(per_chunk > 0))
     )
     # float32 rounds draws just below 1 up to 1, which no cumulative weight can exceed.
     u = ctx.step_buffer("draw", DRAW.pack(u=min(np.float32(draw), _BELOW_ONE)))
