@@ -679,8 +679,8 @@ class WgpuOps:
             return 128, 16, 4, 1
         if cols > 2048:
             return 256, 256, 2, 1
-        if rows >= 4096:  # 32-value units (Q4_K, Q5_0) hold 8 vec4 each: one unit a trip on 4 rows
-            return 128, 32, 4, 1 if fmt in ("Q4_K", "Q5_0") else 2
+        if rows >= 4096:
+            return 128, 32, 4, 2
         return 128, 64, 1, 2
 
     def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
