@@ -10,9 +10,9 @@
 // Q4_K: 256-value blocks. w_a = 32 words (128 qs bytes) per block: byte 32j + l holds value
 // 64j + l (low nibble) and 64j + 32 + l (high); w_b = 4 words per block: (d, dmin) f16 pair, then
 // the 12 GGUF bytes of eight 6-bit sub-block scales sc and mins m (kjarni/gpu/quant.py).
-// Value v = (d * sc[v / 32]) * q - dmin * m[v / 32]. A unit is qs words 4v', .., 4v' + 3 of a block
-// (v' = 0 .. 7): 32 values, 16 of sub-block 2j (low nibbles) and 16 of 2j + 1 (high), j = v' / 2.
-const UNIT: u32 = 32u;
+// Value v = (d * sc[v / 32]) * q - dmin * m[v / 32]. A unit is qs words 2v', 2v' + 1 of a block
+// (v' = 0 .. 15): 16 values of sub-blocks 2j and 2j + 1, j = v' / 4.
+const UNIT: u32 = 16u;
 
 fn scale_byte(s: u32, k: u32) -> u32 {
     return (w_b[s + 1u + k / 4u] >> (8u * (k % 4u))) & 0xFFu;
@@ -29,11 +29,12 @@ fn scale_min(s: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
-fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 4> {
     let nb = params.cols / 256u;
-    let blk = u / 8u;
-    let j = (u % 8u) / 2u;
-    let a = row * (nb * 32u) + blk * 32u + 4u * (u % 8u);
+    let blk = u / 16u;
+    let v = u % 16u;
+    let j = v / 4u;
+    let a = row * (nb * 32u) + blk * 32u + 2u * v;
     let s = row * (nb * 4u) + blk * 4u;
     let dd = unpack2x16float(w_b[s]);
     let sm_lo = scale_min(s, 2u * j);
@@ -44,23 +45,17 @@ fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 8> {
     let m_hi = dd.y * sm_hi.y;
     let q0 = w_a[a];
     let q1 = w_a[a + 1u];
-    let q2 = w_a[a + 2u];
-    let q3 = w_a[a + 3u];
-    return array<vec4<f32>, 8>(
+    return array<vec4<f32>, 4>(
         d_lo * vec4<f32>(unpack4xU8(q0 & 0x0F0F0F0Fu)) - m_lo,
         d_lo * vec4<f32>(unpack4xU8(q1 & 0x0F0F0F0Fu)) - m_lo,
-        d_lo * vec4<f32>(unpack4xU8(q2 & 0x0F0F0F0Fu)) - m_lo,
-        d_lo * vec4<f32>(unpack4xU8(q3 & 0x0F0F0F0Fu)) - m_lo,
         d_hi * vec4<f32>(unpack4xU8((q0 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
         d_hi * vec4<f32>(unpack4xU8((q1 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
-        d_hi * vec4<f32>(unpack4xU8((q2 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
-        d_hi * vec4<f32>(unpack4xU8((q3 >> 4u) & 0x0F0F0F0Fu)) - m_hi,
     );
 }
 
 fn unit_col(u: u32, k: u32) -> u32 {
-    let v = u % 8u;
-    return (u / 8u) * 256u + (v / 2u) * 64u + (k / 4u) * 32u + (v % 2u) * 16u + (k % 4u) * 4u;
+    let v = u % 16u;
+    return (u / 16u) * 256u + (v / 4u) * 64u + (k / 2u) * 32u + (v % 4u) * 8u + (k % 2u) * 4u;
 }
 
 // Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): value v of a block is qs byte

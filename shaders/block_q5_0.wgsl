@@ -8,37 +8,30 @@
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
 
 // Q5_0: w_a = 5 words per block (4 qs words, then qh: bit j is value j's fifth bit), w_b = block
-// scales d as f16 pairs (kjarni/gpu/quant.py). A unit is one block: qs word i holds values
+// scales d as f16 pairs (kjarni/gpu/quant.py). A unit is one qs word i of block b: values
 // 4i .. 4i + 3 (low nibbles) and 16 + 4i .. (high), each d * (q - 16).
-const UNIT: u32 = 32u;
+const UNIT: u32 = 8u;
 
+// Bits 0..3 of h as the fifth bit (16) of four values.
 fn high4(h: u32) -> vec4<u32> {
     return (vec4<u32>(h, h >> 1u, h >> 2u, h >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
 }
 
-fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn unit_values(row: u32, u: u32) -> array<vec4<f32>, 2> {
     let nb = params.cols / 32u;
-    let base = row * (nb * 5u) + u * 5u;
-    let q0 = w_a[base];
-    let q1 = w_a[base + 1u];
-    let q2 = w_a[base + 2u];
-    let q3 = w_a[base + 3u];
+    let blk = u / 4u;
+    let i = u % 4u;
+    let base = row * (nb * 5u) + blk * 5u;
+    let q = w_a[base + i];
     let qh = w_a[base + 4u];
-    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + u / 2u])[u & 1u];
-    return array<vec4<f32>, 8>(
-        d * (vec4<f32>(unpack4xU8(q0 & 0x0F0F0F0Fu) | high4(qh)) - 16.0),
-        d * (vec4<f32>(unpack4xU8(q1 & 0x0F0F0F0Fu) | high4(qh >> 4u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8(q2 & 0x0F0F0F0Fu) | high4(qh >> 8u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8(q3 & 0x0F0F0F0Fu) | high4(qh >> 12u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8((q0 >> 4u) & 0x0F0F0F0Fu) | high4(qh >> 16u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8((q1 >> 4u) & 0x0F0F0F0Fu) | high4(qh >> 20u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8((q2 >> 4u) & 0x0F0F0F0Fu) | high4(qh >> 24u)) - 16.0),
-        d * (vec4<f32>(unpack4xU8((q3 >> 4u) & 0x0F0F0F0Fu) | high4(qh >> 28u)) - 16.0),
-    );
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
+    let lo = vec4<f32>(unpack4xU8(q & 0x0F0F0F0Fu) | high4(qh >> (4u * i))) - 16.0;
+    let hi = vec4<f32>(unpack4xU8((q >> 4u) & 0x0F0F0F0Fu) | high4(qh >> (16u + 4u * i))) - 16.0;
+    return array<vec4<f32>, 2>(d * lo, d * hi);
 }
 
 fn unit_col(u: u32, k: u32) -> u32 {
-    return 32u * u + (k / 4u) * 16u + (k % 4u) * 4u;
+    return (u / 4u) * 32u + (u % 4u) * 4u + 16u * k;
 }
 
 // Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): part p = c8 % 4 of a block is
