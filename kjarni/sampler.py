@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kjarni.errors import GenerationFailedError, InvalidConfigurationError
+from kjarni.errors import InvalidConfigurationError, NonFiniteLogitsError
 
 
 # ---------------------------------------------------------------- validation
@@ -226,9 +226,14 @@ class Sampler:
         """How many top candidates ``sample_candidates`` wants: one more than ``top_k``, to see ties."""
         return self.top_k + 1
 
-    def distribution(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> np.ndarray:
-        """The probability of every token, float32 ``[vocab]`` (one-hot on the argmax when greedy)."""
-        logits = _check_logits(logits)
+    def distribution(
+        self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), *, step: str = "a sampling step"
+    ) -> np.ndarray:
+        """The probability of every token, float32 ``[vocab]`` (one-hot on the argmax when greedy).
+
+        NaN or inf logits raise ``NonFiniteLogitsError`` naming ``step`` (here and in ``sample``,
+        ``sample_candidates``)."""
+        logits = _check_logits(logits, step)
         penalised = apply_repetition_penalty(logits, history, self.repetition_penalty)
         probs = np.zeros(logits.shape[-1], dtype=np.float64)
         if self.greedy:
@@ -239,14 +244,15 @@ class Sampler:
         return probs.astype(np.float32)
 
     def sample(
-        self, logits: np.ndarray, history: Sequence[int] | np.ndarray, rng: np.random.Generator
+        self, logits: np.ndarray, history: Sequence[int] | np.ndarray, rng: np.random.Generator, *,
+        step: str = "a sampling step",
     ) -> tuple[int, float]:
         """Draw one token from full logits ``[vocab]``; returns ``(token_id, logprob)``.
 
         ``logprob`` is the model's log-probability of the token: log-softmax of the penalised
         logits, before temperature and filters (what "logprobs" means in OpenAI's API and mlx-lm).
         """
-        logits = _check_logits(logits)
+        logits = _check_logits(logits, step)
         penalised = apply_repetition_penalty(logits, history, self.repetition_penalty)
         if self.greedy:
             token = int(np.argmax(penalised))  # first maximum: lowest id wins ties
@@ -256,7 +262,7 @@ class Sampler:
         return token, _log_softmax_at(penalised, token)
 
     def sample_candidates(
-        self, values: np.ndarray, ids: np.ndarray, rng: np.random.Generator
+        self, values: np.ndarray, ids: np.ndarray, rng: np.random.Generator, *, step: str = "a sampling step"
     ) -> int | None:
         """Draw from the backend's ``candidate_count`` largest logits (``ops.top_k``), or None.
 
@@ -269,7 +275,7 @@ class Sampler:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if self.needs_full_logits or self.greedy:
             raise ValueError("sample_candidates needs a top-k sampler without a repetition penalty")
-        _check_logits(values)
+        _check_logits(values, step)
         # Scale first: the full path applies top-k to scaled logits, and float32 division can
         # turn two close logits into a tie.
         scaled = apply_temperature(values, self.temperature)
@@ -338,12 +344,14 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(index, int(np.flatnonzero(probs)[-1]))
 
 
-def _check_logits(logits: np.ndarray) -> np.ndarray:
+def _check_logits(logits: np.ndarray, step: str) -> np.ndarray:
     logits = np.asarray(logits, dtype=np.float32).reshape(-1)
     top = logits.max()
     if not np.isfinite(top):
-        raise GenerationFailedError(
-            f"the model produced invalid logits (largest value {top}); the weights or the backend are "
-            "broken: compare against device='cpu'"
+        raise NonFiniteLogitsError(
+            f"the model produced NaN or infinite logits at {step} (largest value {top}): its weights hold "
+            "NaN/inf, its hidden states overflowed float32, or the backend is broken; nothing was sampled "
+            "from them. Compare against device='cpu' (`kjarni parity`)",
+            step=step,
         )
     return logits

@@ -375,7 +375,7 @@ def _propose(
                 return drafts, probs, forwards, True
             token, _ = choose_token(draft, logits, sampler, history, rng, step="a draft step")
         else:
-            q = sampler.distribution(ops.read(logits)[0], history)
+            q = sampler.distribution(ops.read(logits)[0], history, step="a draft step")
             if p_min > 0 and float(q.max()) < p_min:
                 return drafts, probs, forwards, True
             token = _draw(q, rng)
@@ -417,12 +417,12 @@ def _verify(
     for i in range(k + 1):
         history = seq + drafts[:i]
         if sampler.greedy:  # with a penalty or logprobs: the plain sampler's exact choice
-            token, logprob = sampler.sample(rows[i], history, rng)
+            token, logprob = sampler.sample(rows[i], history, rng, step="a speculative verify step")
             out.append((token, logprob if logprobs else None))
             if i == k or token != drafts[i]:
                 return i, out
             continue
-        p = sampler.distribution(rows[i], history)
+        p = sampler.distribution(rows[i], history, step="a speculative verify step")
         if i == k:
             token = _draw(p, rng)  # every draft accepted: the bonus token
         else:

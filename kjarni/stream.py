@@ -194,13 +194,13 @@ def choose_token(
         return int(checked_ids(model, ops.argmax(logits), step)[0]), None
     if fast and sampler.candidate_count <= MAX_CANDIDATES:
         values, ids = ops.top_k(logits, sampler.candidate_count)
-        token = sampler.sample_candidates(values[0], checked_ids(model, ids, step)[0], rng)
+        token = sampler.sample_candidates(values[0], checked_ids(model, ids, step)[0], rng, step=step)
         if token is not None:  # None: a tie at the top-k boundary, decided on the full logits
             return token, None
     row = ops.read(logits)[0]
     if not np.isfinite(row).all():
         raise _non_finite(model, step)
-    return sampler.sample(row, history, rng)
+    return sampler.sample(row, history, rng, step=step)
 
 
 def step_name(index: int, prompt_tokens: int) -> str:
@@ -303,7 +303,8 @@ def _decode_ahead(
                 undecided = token == UNDECIDED
                 if undecided:
                     _, step_logits, draw = pending[i]
-                    token, _ = sampler.sample(ops.read(step_logits)[0], prompt + generated, FixedDraw(draw))
+                    token, _ = sampler.sample(ops.read(step_logits)[0], prompt + generated, FixedDraw(draw),
+                                              step=step_name(produced, len(prompt)))
                     spare.extendleft(reversed([d for _, _, d in pending[i + 1 :]]))
                     kv_cache.trim(kv_cache.offset - (len(prompt) + produced))  # what fed this step
                     last, chosen = [token], produced + 1

@@ -119,6 +119,26 @@ def test_speculative_verify_step_flags_non_finite_target_logits(tmp_path, clean_
         next(events)
 
 
+@pytest.mark.parametrize("bad_model", ["draft", "target"])
+def test_sampled_speculative_decoding_names_the_draft_or_verify_step(tmp_path, clean_path, bad_model):
+    # Sampling reads the full logits (Sampler.distribution), not argmax/top-k: its own check names the step.
+    clean = loader.load_model(clean_path, ops=NumpyOps())
+    prompt = clean.tokenizer.encode(PROMPT_TEXT)
+    first = next(iter(stream_generate(clean.model, clean.tokenizer, prompt, GenerationParams(max_tokens=1, temperature=0.0))))
+
+    def nan_row(tensors):  # the first token's embedding: the prefills are clean, the next forward is not
+        tensors["model.embed_tokens.weight"][first.token_id] = np.nan
+
+    bad = loader.load_model(_gguf(tmp_path, "bad", nan_row), ops=NumpyOps())
+    target, draft = (clean, bad) if bad_model == "draft" else (bad, clean)
+    params = GenerationParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=0)  # top_p: no top-k fast path
+    events = stream_generate(target.model, target.tokenizer, prompt, params, draft=draft.model, num_draft_tokens=2)
+    step = "a draft step" if bad_model == "draft" else "a speculative verify step"
+    with pytest.raises(NonFiniteLogitsError, match=f"at {step}") as caught:
+        list(events)
+    assert caught.value.step == step
+
+
 def test_generator_api_raises_instead_of_returning_empty_text(tmp_path):
     path = _gguf(tmp_path, "bad", _nan_norm)
     generator = Generator.builder().model_path(path).cpu().quiet().greedy().max_tokens(5).build()

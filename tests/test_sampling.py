@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kjarni.errors import GenerationFailedError, InvalidConfigurationError
+from kjarni.errors import GenerationFailedError, InvalidConfigurationError, NonFiniteLogitsError
 from kjarni.numpy_ops import NumpyOps
 from kjarni.sampler import (
     Sampler,
@@ -225,9 +225,23 @@ def test_sampled_logprob_is_the_models_log_softmax():
     assert logprob == pytest.approx(np.log(_probs(logits)[token]))
 
 
-def test_nan_logits_raise_generation_failed():
-    with pytest.raises(GenerationFailedError, match="invalid logits"):
-        make_sampler().sample(np.array([np.nan, 1.0], np.float32), [], np.random.default_rng(0))
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_raise_naming_the_step_on_every_sampler_entry(bad):
+    logits = np.array([bad, 1.0, 0.5], np.float32)
+    rng = np.random.default_rng(0)
+    calls = {
+        "sample": lambda s, step: s.sample(logits, [], rng, step=step),
+        "distribution": lambda s, step: s.distribution(logits, step=step),
+        "sample_candidates": lambda s, step: s.sample_candidates(logits, np.arange(3), rng, step=step),
+    }
+    for entry, call in calls.items():
+        with pytest.raises(NonFiniteLogitsError, match=r"NaN or infinite logits at decode step 7 \(largest value") as caught:
+            call(make_sampler(temperature=0.8, top_k=2), "decode step 7")
+        assert caught.value.step == "decode step 7", entry
+        assert isinstance(caught.value, GenerationFailedError)  # what callers caught before: still caught
+    with pytest.raises(NonFiniteLogitsError, match="at a sampling step") as caught:
+        make_sampler().sample(logits, [], rng)  # called directly, without a step
+    assert caught.value.step == "a sampling step"
 
 
 # ---------------------------------------------------------------- top-k candidates path
