@@ -17,10 +17,13 @@
 //   (consecutive threads, consecutive columns: see XRaw), the first BN BK / 8 threads one 8-column
 //   chunk of a row of W each (load_w8: dequantized as it loads); the next step's loads are issued
 //   into registers while the current step computes, x converted (norm, silu) only when stored at
-//   the next step (two barriers per step). Workgroup memory: KSPLIT 4 BK (BM + 4 + BN) bytes: 16.5 KiB at
-//   TM = TN = BK = 16, KSPLIT = 1 and 25 KiB at TM = 8, TN = 16, BK = 8, KSPLIT = 4 (lavapipe
-//   allows 32 KiB). The fused norm's sums of squares meet in xs / ws at the end.
-// Split K (override KSPLIT, 1, 2 or 4, with KSPLIT BK >= 2 max(TM, TN)): KSPLIT groups of TM x TN
+//   the next step (two barriers per step). With NBUF = 2 (override) each group has two tiles:
+//   step s computes from one while step s + 1, loaded during step s - 1, is stored into the other
+//   and step s + 2's loads are issued: one barrier per step. Workgroup memory: NBUF KSPLIT 4 BK
+//   (BM + 4 + BN) bytes: 16.5 KiB at TM = TN = BK = 16, KSPLIT = NBUF = 1 and 25 KiB at TM = 8,
+//   TN = 16, BK = 8, KSPLIT = 4 (lavapipe allows 32 KiB, the H200 48). The fused norm's sums of
+//   squares meet in xs / ws at the end.
+// Split K (override KSPLIT, 1, 2 or 4, with KSPLIT BK NBUF >= 2 max(TM, TN)): KSPLIT groups of TM x TN
 //   threads compute the same output tile over interleaved K steps (group g takes steps g,
 //   g + KSPLIT, ..., each in its own part of workgroup memory) and group 0 adds the others' sums at
 //   the end through workgroup memory. It multiplies the warps per workgroup for shapes with few
@@ -42,13 +45,14 @@ override TM: u32 = 16u;     // threads along tokens: tile BM = 8 TM tokens
 override TN: u32 = 16u;     // threads along rows: tile BN = 8 TN rows
 override BK: u32 = 16u;     // columns per K step (a multiple of 8, at most min(TM, TN))
 override KSPLIT: u32 = 1u;  // thread groups splitting K (1, 2 or 4)
+override NBUF: u32 = 1u;    // tiles per group: 1 (two barriers a step) or 2 (double-buffered, one)
 
-// Per group g: a [k][token / 4] tile (BK x BM, rows padded by one vec4 so that the loaders'
-// column-wise stores spread over the banks) at vec4 g BK SX of xs, a [k][row / 4] tile (BK x BN)
-// at g 2 BK TN of ws.
+// Per group g and buffer b: a [k][token / 4] tile (BK x BM, rows padded by one vec4 so that the
+// loaders' column-wise stores spread over the banks) at vec4 (g NBUF + b) BK SX of xs, a
+// [k][row / 4] tile (BK x BN) at (g NBUF + b) 2 BK TN of ws.
 const SX_PAD: u32 = 1u;
-var<workgroup> xs: array<vec4<f32>, BK * (2u * TM + SX_PAD) * KSPLIT>;
-var<workgroup> ws: array<vec4<f32>, 2u * BK * TN * KSPLIT>;
+var<workgroup> xs: array<vec4<f32>, BK * (2u * TM + SX_PAD) * KSPLIT * NBUF>;
+var<workgroup> ws: array<vec4<f32>, 2u * BK * TN * KSPLIT * NBUF>;
 
 // A thread's share of a step's x tile: one column c of NX = 8 BK / TN rows (tokens t0, t0 + TS,
 // .., TS = TM TN / BK), as loaded, before any arithmetic, so that the loads stay in flight while
@@ -137,6 +141,23 @@ fn store_w(t0: u32, k: u32, p: u32, v: W8) {
     ws[i + 4u * s][l] = v.b.x; ws[i + 5u * s][l] = v.b.y; ws[i + 6u * s][l] = v.b.z; ws[i + 7u * s][l] = v.b.w;
 }
 
+// A thread's loads of the step whose group columns start at kn (zeros past kend).
+struct Loads {
+    x: XRaw,
+    w: W8,
+}
+
+fn fetch_step(kn: u32, kend: u32, m0: u32, ts: u32, lxk: u32, lxp: u32, load_w: bool, lwk: u32, lr: u32) -> Loads {
+    var r = Loads(XRaw(), W8());
+    if (kn + lxk < kend) {
+        r.x = fetch_x(m0 + lxp, ts, kn + lxk);
+    }
+    if (load_w && kn + lwk < kend) {
+        r.w = load_w8(lr, (kn + lwk) / 8u);
+    }
+    return r;
+}
+
 // Writes rows r .. r + 3 of token t (of split z): acc * scale (+ bias) (+ residual); skips
 // rows/tokens outside.
 fn store4(z: u32, t: u32, r: u32, acc: vec4<f32>, scale: f32) {
@@ -183,8 +204,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bn = 8u * TN;  // rows per tile
     let sx = 2u * TM + SX_PAD;  // vec4 per k row of the x tile; TM: offset of its second half
     let sw = 2u * TN;
-    let tx0 = g * BK * sx;  // the group's tiles in xs / ws
-    let tw0 = g * BK * sw;
+    let tx0 = g * NBUF * BK * sx;  // the group's first tiles in xs / ws
+    let tw0 = g * NBUF * BK * sw;
     let n0 = wid.x * bn;
     let m0 = wid.y * bm;
     let tx = tid % TN;
@@ -207,13 +228,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     var ssa = vec4<f32>(0.0);  // sums of squares of this thread's x rows (fused norm)
     var ssb = vec4<f32>(0.0);
-    var px = XRaw();  // this thread's shares of the coming step, as loaded (zeros: none)
-    var pw = W8();
-    if (kbeg + g * BK + lxk < kend) {
-        px = fetch_x(m0 + lxp, ts, kbeg + g * BK + lxk);
-    }
-    if (load_w && kbeg + g * BK + lwk < kend) {
-        pw = load_w8(lr, (kbeg + g * BK + lwk) / 8u);
+    // This thread's shares of the coming step, as loaded (zeros: none).
+    var next = fetch_step(kbeg + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
+    let steps = select(0u, (kend - kbeg + kstep - 1u) / kstep, kend > kbeg);
+    if (NBUF == 2u) {  // step 0 into buffer 0, step 1 in flight
+        store_x(tx0, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
+        if (load_w) {
+            store_w(tw0, lwk, lwp, next.w);
+        }
+        next = fetch_step(kbeg + kstep + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
+        workgroupBarrier();
     }
 
     var c0 = vec4<f32>(0.0); var d0 = vec4<f32>(0.0);
@@ -226,31 +250,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var c7 = vec4<f32>(0.0); var d7 = vec4<f32>(0.0);
 
     // Every group runs the same number of steps (barriers); a group past cols computes on zeros.
-    for (var k0 = kbeg; k0 < kend; k0 += kstep) {
-        workgroupBarrier();  // the previous step's reads are done
-        store_x(tx0, lxk, lxp, ts, finish_x(px, &ssa, &ssb));
-        if (load_w) {
-            store_w(tw0, lwk, lwp, pw);
-        }
-        workgroupBarrier();
-        // Next step's chunks: in flight while this step computes (no arithmetic on x before the
-        // next step, which would wait for the loads here).
-        let kn = k0 + kstep + g * BK;
-        if (k0 + kstep < kend) {
-            px = XRaw();
-            if (kn + lxk < kend) {
-                px = fetch_x(m0 + lxp, ts, kn + lxk);
+    for (var s = 0u; s < steps; s++) {
+        let k0 = kbeg + s * kstep;
+        let cx = tx0 + (s % NBUF) * BK * sx;  // this step's tiles
+        let cw = tw0 + (s % NBUF) * BK * sw;
+        if (NBUF == 1u) {
+            workgroupBarrier();  // the previous step's reads are done
+            store_x(tx0, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
+            if (load_w) {
+                store_w(tw0, lwk, lwp, next.w);
             }
-            pw = W8();
-            if (load_w && kn + lwk < kend) {
-                pw = load_w8(lr, (kn + lwk) / 8u);
+            workgroupBarrier();
+            // Next step's chunks: in flight while this step computes (no arithmetic on x before
+            // the next step, which would wait for the loads here).
+            next = fetch_step(k0 + kstep + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
+        } else {
+            // Step s + 1 into the other buffer (last read at step s - 1, before the barrier that
+            // ended it), then step s + 2's loads in flight while this step computes.
+            let ox = tx0 + ((s + 1u) % 2u) * BK * sx;
+            let ow = tw0 + ((s + 1u) % 2u) * BK * sw;
+            store_x(ox, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
+            if (load_w) {
+                store_w(ow, lwk, lwp, next.w);
             }
+            next = fetch_step(k0 + 2u * kstep + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
         }
         for (var k = 0u; k < BK; k++) {
-            let xa = xs[tx0 + k * sx + ty];       // tokens 4 ty .. 4 ty + 3
-            let xb = xs[tx0 + k * sx + TM + ty];  // tokens BM/2 + 4 ty ..
-            let wa = ws[tw0 + k * sw + tx];       // rows 4 tx .. 4 tx + 3
-            let wb = ws[tw0 + k * sw + TN + tx];  // rows BN/2 + 4 tx ..
+            let xa = xs[cx + k * sx + ty];       // tokens 4 ty .. 4 ty + 3
+            let xb = xs[cx + k * sx + TM + ty];  // tokens BM/2 + 4 ty ..
+            let wa = ws[cw + k * sw + tx];       // rows 4 tx .. 4 tx + 3
+            let wb = ws[cw + k * sw + TN + tx];  // rows BN/2 + 4 tx ..
             // fma written out: the driver need not contract a separate multiply and add.
             c0 = fma(vec4<f32>(xa.x), wa, c0); d0 = fma(vec4<f32>(xa.x), wb, d0);
             c1 = fma(vec4<f32>(xa.y), wa, c1); d1 = fma(vec4<f32>(xa.y), wb, d1);
@@ -260,6 +289,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             c5 = fma(vec4<f32>(xb.y), wa, c5); d5 = fma(vec4<f32>(xb.y), wb, d5);
             c6 = fma(vec4<f32>(xb.z), wa, c6); d6 = fma(vec4<f32>(xb.z), wb, d6);
             c7 = fma(vec4<f32>(xb.w), wa, c7); d7 = fma(vec4<f32>(xb.w), wb, d7);
+        }
+        if (NBUF == 2u) {
+            workgroupBarrier();  // step s + 1 stored, step s's reads done
         }
     }
 

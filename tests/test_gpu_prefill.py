@@ -20,10 +20,12 @@ pytestmark = pytest.mark.gpu
 ref = NumpyOps()
 T = gguf.GGMLQuantizationType
 
-# (matmul_min_big_tiles, matmul_split_k_below, matmul_splits) forcing each variant; the last two
-# also split K over 3 workgroups (matmul_reduce adds the partials; not with a fused norm)
-VARIANTS = {"tile128": (0, 0, 1), "tile64x128": (10**9, 0, 1), "tile64x128_split_k": (10**9, 10**9, 1),
-            "tile128_grid_split": (0, 0, 3), "tile64x128_split_k_grid_split": (10**9, 10**9, 3)}
+# (matmul_min_big_tiles, matmul_split_k_below, matmul_splits, matmul_nbuf) forcing each variant;
+# the grid_split ones also split K over 3 workgroups (matmul_reduce adds the partials; not with a
+# fused norm); the double-buffered ones (NBUF 2: one barrier a K step) keep what fits 32 KiB.
+VARIANTS = {"tile128": (0, 0, 1, 1), "tile64x128": (10**9, 0, 1, 1), "tile64x128_split_k": (10**9, 10**9, 1, 1),
+            "tile128_grid_split": (0, 0, 3, 1), "tile64x128_split_k_grid_split": (10**9, 10**9, 3, 1),
+            "tile128_double": (0, 0, 1, 2), "tile64x128_split_k_double_grid_split": (10**9, 10**9, 3, 2)}
 
 
 def rand(rng, *shape):
@@ -40,7 +42,7 @@ def make_ops(wgpu_context):
 
     def make(weight_format: str, variant: str) -> WgpuOps:
         ops = WgpuOps(wgpu_context, weight_format=weight_format)
-        ops.matmul_min_big_tiles, ops.matmul_split_k_below, ops.matmul_splits = VARIANTS[variant]
+        ops.matmul_min_big_tiles, ops.matmul_split_k_below, ops.matmul_splits, ops.matmul_nbuf = VARIANTS[variant]
         return ops
 
     return make
@@ -82,12 +84,16 @@ def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
     return calls
 
 
-def _big(ctx) -> dict:
+def _big(ctx, nbuf: int = 1) -> dict:
     """The 128x128 configuration: K over 2 thread groups where the device has the 32.5 KiB of
-    workgroup memory that takes (the H200: 48 KiB), else over 1 (lavapipe: 32 KiB)."""
+    workgroup memory that takes (the H200: 48 KiB), else over 1 (lavapipe: 32 KiB); asked for two
+    buffers, one group keeps them where they fit (the H200), else one buffer."""
     from kjarni.gpu.ops import matmul_workgroup_bytes
 
-    return {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2 if matmul_workgroup_bytes(16, 16, 16, 2) <= ctx.max_workgroup_storage else 1}
+    limit = ctx.max_workgroup_storage
+    if nbuf == 2:
+        return {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 1, "NBUF": 2 if matmul_workgroup_bytes(16, 16, 16, 1, 2) <= limit else 1}
+    return {"TM": 16, "TN": 16, "BK": 16, "KSPLIT": 2 if matmul_workgroup_bytes(16, 16, 16, 2) <= limit else 1, "NBUF": 1}
 
 
 def test_tile_configurations_fit_the_devices_workgroup_memory(wgpu_context, monkeypatch):
@@ -96,22 +102,25 @@ def test_tile_configurations_fit_the_devices_workgroup_memory(wgpu_context, monk
 
     ops = WgpuOps(wgpu_context)
     assert matmul_workgroup_bytes(16, 16, 16, 2) == 33280 and matmul_workgroup_bytes(8, 16, 8, 4) == 25088
+    assert matmul_workgroup_bytes(8, 16, 8, 2, 2) == 25088
     monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 48 << 10)
-    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 2)  # 1216 tiles of 128 x 128
-    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 4)
+    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 2, 1)  # 1216 tiles of 128 x 128
+    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 4, 1)
     monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 32 << 10)
-    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 1)
+    assert ops.matmul_config(9728, 2048, 896) == (16, 16, 16, 1, 1)
     monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 16 << 10)
-    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 1)
+    assert ops.matmul_config(896, 512, 4864) == (8, 16, 8, 1, 1)
 
 
 def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
     rng = np.random.default_rng(0)
     x, w = rand(rng, 10, 300), rand(rng, 20, 300)  # 10 tokens: past matvec_max_tokens (9)
-    big, small, split = _big(make_ops("f32", "tile128").context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    big, small, split = _big(make_ops("f32", "tile128").context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1, "NBUF": 1}, {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}
     reduce = [("matmul_reduce", {})]  # the grid-split variants add their partials in a second dispatch
     expected = {"tile128": [("matmul.f32", big)], "tile64x128": [("matmul.f32", small)], "tile64x128_split_k": [("matmul.f32", split)],
-                "tile128_grid_split": [("matmul.f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul.f32", split), *reduce]}
+                "tile128_grid_split": [("matmul.f32", big), *reduce], "tile64x128_split_k_grid_split": [("matmul.f32", split), *reduce],
+                "tile128_double": [("matmul.f32", _big(make_ops("f32", "tile128").context, nbuf=2))],
+                "tile64x128_split_k_double_grid_split": [("matmul.f32", {**split, "KSPLIT": 2, "NBUF": 2}), *reduce]}
     for variant, want in expected.items():
         ops = make_ops("f32", variant)
         gx, gw = upload(ops, x), ops.weight(w, name="w")
@@ -119,6 +128,22 @@ def test_each_variant_really_runs_its_tile_configuration(make_ops, monkeypatch):
         ops.linear(gx, gw)
         assert calls == want, variant
         monkeypatch.undo()
+
+
+def test_a_measured_configuration_overrides_the_rules_for_its_shape(make_ops, monkeypatch):
+    ops = make_ops("f16", "tile128")
+    rng = np.random.default_rng(3)
+    x, w, r = rand(rng, 50, 296), rand(rng, 20, 296), rand(rng, 50, 20)
+    ops.matmul_splits = None  # automatic: the measured split
+    ops.matmul_configs = {(20, 296): (8, 8, 8, 2, 2, 3)}  # 64 x 64 tiles, 2 groups, 2 buffers, 3 splits
+    gx, gw, gr = upload(ops, x), ops.weight(w, name="w"), upload(ops, r)
+    calls = _recorded_constants(monkeypatch, ops.context)
+    got = ops.read(ops.linear(gx, gw, residual=gr))
+    assert calls == [("matmul.f16", {"TM": 8, "TN": 8, "BK": 8, "KSPLIT": 2, "NBUF": 2}), ("matmul_reduce", {})]
+    np.testing.assert_allclose(got, ref.linear(x, f16_round(w), None, r), atol=2e-4, rtol=1e-4)
+    calls.clear()
+    ops.norm_linear(gx, ops.weight(rand(rng, 296), name="n"), 1e-5, gw)  # a fused norm: never split
+    assert calls == [("matmul.f16", {"TM": 8, "TN": 8, "BK": 8, "KSPLIT": 2, "NBUF": 2})]
 
 
 def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wgpu_context, monkeypatch):
@@ -134,7 +159,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     ops.linear(x, ops.weight(rand(rng, 24, 256), name="w2"))  # enough 128x128 tiles by the threshold
     ops.matmul_min_big_tiles = 10**9
     ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
-    split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}, _big(wgpu_context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1}
+    split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}, _big(wgpu_context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1, "NBUF": 1}
     reduce = ("matmul_reduce", {})
     assert calls == [("matmul.f16", split), reduce, ("matmul.f16", split), ("matmul.f16", big), reduce, ("matmul.f16", small)]
     assert ops._matmul_splits(24, 10, 256, 0, 24) == 4
@@ -198,7 +223,7 @@ def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops
     monkeypatch.setattr(ctx, "pipeline", lambda kernel, kinds, **kw: real(kernel, kinds, **kw, unchecked=True))
     got = ops.read(ops.linear(upload(ops, x), ops.weight(w, name="w")))
     np.testing.assert_allclose(got, ref.linear(x, w, None, None), atol=2e-4, rtol=1e-4)
-    constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4}
+    constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}
     from kjarni.gpu import kernels
     from kjarni.gpu.ops import LINEAR_KINDS
 

@@ -408,6 +408,8 @@ def _apply_tuning(path: str) -> dict:
     WgpuOps.quant_split_k_min_cols = tuning.get("quant_split_k_min_cols")
     WgpuOps.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
                                        for f, r, c, wg, lanes, rr, un in tuning.get("matvec_template_configs", [])}
+    # tools/sweep_matmul.py's winners: [[rows, cols, TM, TN, BK, KSPLIT, NBUF, S], ...]
+    WgpuOps.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in tuning.get("matmul_configs", [])}
     return tuning
 
 

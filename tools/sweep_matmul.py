@@ -40,21 +40,30 @@ from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, matmul_workgroup_bytes
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
 from tools.sweep_matvec import EPS, Bench
 
-SHAPES = {  # name: (rows, cols, flags)
-    "qkv": (1152, 896, LINEAR_NORM | LINEAR_BIAS),
-    "o_proj": (896, 896, LINEAR_RESIDUAL),
-    "gate_up": (9728, 896, LINEAR_NORM),
-    "down": (896, 4864, LINEAR_SILU | LINEAR_RESIDUAL),
+MODELS = {  # model: {product: (rows, cols, flags)}, the prefill products of one layer
+    "qwen2.5-0.5b": {
+        "qkv": (1152, 896, LINEAR_NORM | LINEAR_BIAS),
+        "o_proj": (896, 896, LINEAR_RESIDUAL),
+        "gate_up": (9728, 896, LINEAR_NORM),
+        "down": (896, 4864, LINEAR_SILU | LINEAR_RESIDUAL),
+    },
+    "qwen2.5-1.5b": {
+        "qkv": (2048, 1536, LINEAR_NORM | LINEAR_BIAS),
+        "o_proj": (1536, 1536, LINEAR_RESIDUAL),
+        "gate_up": (17920, 1536, LINEAR_NORM),
+        "down": (1536, 8960, LINEAR_SILU | LINEAR_RESIDUAL),
+    },
 }
 
-# (TM, TN, BK, KSPLIT, S): BK a multiple of 8 and at most min(TM, TN); KSPLIT BK >= 2 max(TM, TN);
-# S workgroups splitting K (grid z, then matmul_reduce; not for products with a fused norm).
+# (TM, TN, BK, KSPLIT, NBUF, S): BK a multiple of 8, TN / 2 .. min(TM, TN); KSPLIT BK NBUF >= 2
+# max(TM, TN) when KSPLIT > 1; NBUF 2 double-buffers the tiles (one barrier a step); S workgroups
+# splitting K (grid z, then matmul_reduce; not for products with a fused norm).
 CONFIGS = [
-    (16, 16, 16, 1, 1), (16, 16, 8, 1, 1), (16, 16, 16, 2, 1),
-    (16, 8, 8, 1, 1), (8, 16, 8, 1, 1), (16, 8, 8, 4, 1), (8, 16, 8, 4, 1),
-    (8, 8, 8, 1, 1), (8, 8, 8, 2, 1), (8, 8, 8, 4, 1),
+    (16, 16, 16, 2, 1, 1), (16, 16, 16, 1, 1, 1), (16, 16, 16, 1, 2, 1), (16, 16, 8, 2, 2, 1),
+    (8, 16, 8, 4, 1, 1), (8, 16, 8, 2, 2, 1), (8, 16, 8, 1, 2, 1), (8, 16, 8, 1, 1, 1),
+    (16, 8, 8, 4, 1, 1), (16, 8, 8, 2, 2, 1), (8, 8, 8, 4, 1, 1), (8, 8, 8, 4, 2, 1), (8, 8, 8, 2, 2, 1),
 ]
-SPLIT_CONFIGS = [(*c, s) for c in ((16, 16, 16, 1), (8, 16, 8, 4), (8, 8, 8, 4), (8, 8, 8, 2), (8, 8, 8, 1)) for s in (2, 3, 4, 6)]
+SPLIT_CONFIGS = [(*c, s) for c in ((8, 16, 8, 4, 1), (8, 16, 8, 2, 2), (8, 8, 8, 4, 2), (16, 16, 16, 1, 2)) for s in (2, 3, 4)]
 
 FMA_PEAK = """
 @group(0) @binding(0) var<storage, read_write> out: array<vec4<f32>>;
@@ -81,13 +90,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 # Diagnostic kernels (--probe; wrong results, timing only): the step loop without its global loads
 # (workgroup memory refilled from stale registers), and also without its two barriers.
-_LOADS = (("px = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("pw = load_w8(lr, (kn + lwk) / 8u);", ""))
+_LOADS = (("r.x = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("r.w = load_w8(lr, (kn + lwk) / 8u);", ""))
 _BARRIERS = (("workgroupBarrier();  // the previous step's reads are done", ""),
-             ("workgroupBarrier();\n        // Next step's", "// Next step's"))
+             ("workgroupBarrier();\n            // Next step's", "// Next step's"))
 PROBES = {"noload": _LOADS, "noload_nobarrier": _LOADS + _BARRIERS}
 
 
-def ops_choice(bench: Bench, rows: int, tokens: int, cols: int, flags: int) -> tuple[int, int, int, int, int]:
+def ops_choice(bench: Bench, rows: int, tokens: int, cols: int, flags: int) -> tuple[int, int, int, int, int, int]:
     """(TM, TN, BK, KSPLIT, S) that WgpuOps._plan_linear dispatches for this product."""
     ops = WgpuOps(bench.ctx)
     return (*ops.matmul_config(rows, tokens, cols), ops._matmul_splits(rows, tokens, cols, flags, rows))
@@ -118,10 +127,10 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
     if args.probe:
         configs += [(c, False, probe) for c in CONFIGS for probe in PROBES]
     for cfg, unchecked, probe in configs:
-        tm, tn, bk, ks, splits = cfg
-        if matmul_workgroup_bytes(tm, tn, bk, ks) > ctx.max_workgroup_storage:
+        tm, tn, bk, ks, nbuf, splits = cfg
+        if matmul_workgroup_bytes(tm, tn, bk, ks, nbuf) > ctx.max_workgroup_storage:
             continue  # more workgroup memory than this device allows
-        label = f"TM={tm} TN={tn} BK={bk} KSPLIT={ks} S={splits}" + (" unchecked" if unchecked else "") + (f" probe={probe}" if probe else "")
+        label = f"TM={tm} TN={tn} BK={bk} KSPLIT={ks} NBUF={nbuf} S={splits}" + (" unchecked" if unchecked else "") + (f" probe={probe}" if probe else "")
         grid = (-(-rows // (8 * tn)), -(-tokens // (8 * tm)), splits)
         try:
             source = kernels.template("matmul", fmt if fmt in ("f16", "f32") else fmt.upper())
@@ -129,7 +138,8 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
                 assert old in source, old
                 source = source.replace(old, new)
             pipeline = ctx.pipeline("matmul." + fmt + (f"_{probe}" if probe else ""), LINEAR_KINDS,
-                                    constants={"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ks}, unchecked=unchecked, source=source)
+                                    constants={"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ks, "NBUF": nbuf}, unchecked=unchecked,
+                                    source=source)
             if splits == 1:
                 steps = [(pipeline, groups, grid)]
             else:
@@ -149,6 +159,9 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
         except Exception as exc:  # noqa: BLE001 (a variant that fails must not end the sweep)
             results.append({"shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        if args.out:  # as it goes: a run cut short keeps what it measured
+            with open(args.out + ".jsonl", "a") as f:
+                f.write(json.dumps(results[-1]) + "\n")
     return results
 
 
@@ -156,11 +169,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--formats", default="f16")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {sorted(MODELS)}, or several separated by ','")
+    parser.add_argument("--shapes", default="qkv,o_proj,gate_up,down")
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--unchecked", action="store_true", help="also time every variant without naga's runtime checks")
     parser.add_argument("--probe", action="store_true", help="also time diagnostic kernels without loads / barriers in the step loop")
-    parser.add_argument("--configs", default=None, help="only these TM,TN,BK,KSPLIT,S tuples, separated by ';'")
+    parser.add_argument("--configs", default=None, help="only these TM,TN,BK,KSPLIT,NBUF,S tuples, separated by ';'")
+    parser.add_argument("--quant-configs", default=None, help="the same for the quantized formats (default: --configs)")
     parser.add_argument("--reps", type=int, default=20, help="dispatches per timed pass")
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--l2-bytes", type=int, default=128 << 20, help="bytes of weight copies cycled through")
@@ -175,19 +190,28 @@ def main() -> None:
     report = {"adapter": bench.ctx.description, "tokens": args.tokens, "results": []}
     if args.configs:
         CONFIGS[:] = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(";")]
-        SPLIT_CONFIGS[:] = [c for c in CONFIGS if c[4] > 1]
-        CONFIGS[:] = [c for c in CONFIGS if c[4] == 1]
+        SPLIT_CONFIGS[:] = [c for c in CONFIGS if c[5] > 1]
+        CONFIGS[:] = [c for c in CONFIGS if c[5] == 1]
+    all_configs = (list(CONFIGS), list(SPLIT_CONFIGS))
+    quant_configs = all_configs
+    if args.quant_configs:
+        qc = [tuple(int(v) for v in c.split(",")) for c in args.quant_configs.split(";")]
+        quant_configs = ([c for c in qc if c[5] == 1], [c for c in qc if c[5] > 1])
     for _ in range(3):  # the first passes after start-up run slow: warm the GPU up first
         report["fma_peak"] = fma_peak(bench, 8 if args.quick else 132 * 16)
     print("FMA peak:", json.dumps(report["fma_peak"]), file=sys.stderr, flush=True)
-    for name in args.shapes.split(","):
-        rows, cols, flags = SHAPES[name]
-        if args.quick:
-            rows, cols = min(rows, 200), min(cols, 300)
-        for fmt in args.formats.split(","):
-            t0 = time.perf_counter()
-            report["results"].extend(run_shape(bench, name, fmt, rows, cols, flags, args.tokens, args, rng))
-            print(f"# {name} {fmt}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    for model in args.model.split(","):
+        for shape in args.shapes.split(","):
+            rows, cols, flags = MODELS[model][shape]
+            name = f"{model} {shape}" if "," in args.model else shape
+            if args.quick:
+                rows, cols = min(rows, 200), min(cols, 512)  # whole blocks of every format
+            for fmt in args.formats.split(","):
+                CONFIGS[:], SPLIT_CONFIGS[:] = all_configs if fmt in ("f16", "f32") else quant_configs
+                t0 = time.perf_counter()
+                report["results"].extend(run_shape(bench, name, fmt, rows, cols, flags, args.tokens, args, rng))
+                report.setdefault("shapes", {})[name] = [rows, cols]
+                print(f"# {name} {fmt}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     good = [r for r in report["results"] if r.get("ok") and "probe" not in r["variant"]]
     best, picked = {}, {}
     for r in good:
@@ -198,6 +222,12 @@ def main() -> None:
             picked[k] = r
     report["best"] = {k: {"variant": v["variant"], "us": v["us"], "tflops": v["tflops"]} for k, v in best.items()}
     report["ops"] = {k: {"variant": v["variant"], "us": v["us"], "tflops": v["tflops"]} for k, v in picked.items()}
+    # The winners as WgpuOps.matmul_configs entries, per format (tools/bench_gpu.py --tuning reads
+    # "matmul_configs": the f16 ones, or --tuning-format's).
+    for k, v in best.items():
+        name, fmt = k.rsplit(" ", 1)
+        report.setdefault("matmul_configs_by_format", {}).setdefault(fmt, []).append([*report["shapes"][name], *v["config"]])
+    report["matmul_configs"] = report.get("matmul_configs_by_format", {}).get("f16", [])
     for fmt in args.formats.split(","):
         report.setdefault("layer_ms", {})[fmt] = {
             "ops": round(sum(v["us"] for k, v in picked.items() if k.endswith(" " + fmt)) / 1e3, 3),

@@ -224,10 +224,10 @@ class WgpuKVCache:
 ATTENTION_TILED_BYTES = 30720  # attention_tiled.wgsl's workgroup memory: q, k, v 8 KiB each, p 4, maxima 2
 
 
-def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int) -> int:
-    """Workgroup memory of matmul.tmpl.wgsl's tiles: per thread group, x as BK x (2 TM + 1) and W
-    as BK x 2 TN vec4s."""
-    return ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
+def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int, nbuf: int = 1) -> int:
+    """Workgroup memory of matmul.tmpl.wgsl's tiles: per thread group and buffer, x as BK x
+    (2 TM + 1) and W as BK x 2 TN vec4s."""
+    return nbuf * ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
 
 
 class WgpuOps:
@@ -251,6 +251,10 @@ class WgpuOps:
     matmul_splits: int | None = None
     matmul_split_tiles = 128
     matmul_max_splits = 6
+    matmul_nbuf = 1  # 2: double-buffered tiles (one barrier a K step) where workgroup memory allows
+    # Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
+    # overriding the rules above (S = 1 where a fused norm forbids the split).
+    matmul_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int, int]]] = {}
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
@@ -583,8 +587,8 @@ class WgpuOps:
             LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
         )
         if self._uses_matmul(seg, tokens):
-            tm, tn, bk, ksplit = self.matmul_config(seg.rows, tokens, cols)
-            constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit}
+            tm, tn, bk, ksplit, nbuf = self.matmul_config(seg.rows, tokens, cols)
+            constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
             pipeline = self._template_pipeline("matmul", seg.format, LINEAR_KINDS, constants)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
         config = self.matvec_config(seg.format, seg.rows, cols) if tokens == 1 else None
@@ -690,8 +694,11 @@ class WgpuOps:
         """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless
         ``matmul_splits`` says more and the product allows it (no fused norm, which needs whole
         rows; partials within one storage binding; at least two steps of K per split)."""
-        tm, tn, bk, ksplit = self.matmul_config(rows, tokens, cols)
+        tm, tn, bk, ksplit, _ = self.matmul_config(rows, tokens, cols)
         splits = self.matmul_splits
+        measured = self.matmul_configs.get((rows, cols))
+        if splits is None and measured is not None:
+            splits = measured[5]
         if splits is None:
             tiles = -(-rows // (8 * tn)) * -(-tokens // (8 * tm))
             splits = min(self.matmul_max_splits, self.matmul_split_tiles // tiles) if tiles < self.matmul_split_tiles else 1
@@ -700,25 +707,32 @@ class WgpuOps:
             return 1
         return splits
 
-    def matmul_config(self, rows: int, tokens: int, cols: int) -> tuple[int, int, int, int]:
-        """(TM, TN, BK, KSPLIT) of the prefill matmul (matmul.tmpl.wgsl) for a product of
-        ``tokens`` x ``cols`` by ``rows`` x ``cols``.
+    def matmul_config(self, rows: int, tokens: int, cols: int) -> tuple[int, int, int, int, int]:
+        """(TM, TN, BK, KSPLIT, NBUF) of the prefill matmul (matmul.tmpl.wgsl) for a product of
+        ``tokens`` x ``cols`` by ``rows`` x ``cols``: ``matmul_configs`` for a measured shape,
+        else these rules.
 
         128x128 output tiles, with K split over 2 thread groups, only when there are many (less
         L2 traffic, little wave tail); else 64 tokens x 128 rows, where few tiles (o_proj,
-        down_proj of a small model) split K over 4 thread groups so each SM gets more warps."""
-        if -(-rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles:
-            config = (16, 16, 16, 2 if cols >= 64 else 1)
+        down_proj of a small model) split K over 4 thread groups so each SM gets more warps.
+        ``matmul_nbuf`` tiles per group (2: double-buffered)."""
+        measured = self.matmul_configs.get((rows, cols))
+        if measured is not None:
+            tm, tn, bk, ksplit, nbuf = measured[:5]
+        elif -(-rows // 128) * -(-tokens // 128) >= self.matmul_min_big_tiles:
+            tm, tn, bk, ksplit, nbuf = 16, 16, 16, 2 if cols >= 64 else 1, self.matmul_nbuf
         else:
             few = -(-rows // 128) * -(-tokens // 64) < self.matmul_split_k_below
-            config = (8, 16, 8, 4 if few and cols >= 256 else 1)
-        tm, tn, bk, ksplit = config
+            tm, tn, bk, ksplit, nbuf = 8, 16, 8, 4 if few and cols >= 256 else 1, self.matmul_nbuf
         # Within the device's workgroup memory (128x128 tiles with KSPLIT 2 need 32.5 KiB; many
-        # devices allow 32), and KSPLIT BK >= 2 max(TM, TN) (the groups' sums meet in the tiles).
-        while ksplit > 1 and (matmul_workgroup_bytes(tm, tn, bk, ksplit) > self.context.max_workgroup_storage
-                              or ksplit * bk < 2 * max(tm, tn)):
+        # devices allow 32): fewer K groups first, then one buffer; and KSPLIT BK NBUF >= 2
+        # max(TM, TN) (the groups' sums meet in the tiles).
+        limit = self.context.max_workgroup_storage
+        while ksplit > 1 and (matmul_workgroup_bytes(tm, tn, bk, ksplit, nbuf) > limit or ksplit * bk * nbuf < 2 * max(tm, tn)):
             ksplit //= 2
-        return tm, tn, bk, ksplit
+        if nbuf > 1 and matmul_workgroup_bytes(tm, tn, bk, ksplit, nbuf) > limit:
+            nbuf = 1
+        return tm, tn, bk, ksplit, nbuf
 
     def _template_pipeline(self, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None) -> Any:
         """The pipeline of ``shaders/<op>.tmpl.wgsl`` rendered for weight format ``fmt`` (kernels.TEMPLATES),
