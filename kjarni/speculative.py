@@ -36,8 +36,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from kjarni.errors import InvalidConfigurationError
 from kjarni.backend import KVCache
+from kjarni.decode import checked_ids, choose_token, generate_step, prefill, step_name, verify
+from kjarni.errors import InvalidConfigurationError
 from kjarni.sampler import Sampler, apply_repetition_penalty
 
 MAX_DRAFT_TOKENS = 8
@@ -286,8 +287,6 @@ def speculative_step(
     plain run, before its last token is yielded. Between rounds, the target's cache holds every
     token but the last one yielded and the draft's cache at most as many.
     """
-    from kjarni.stream import choose_token, generate_step, prefill, step_name  # generate.py imports this module
-
     if length is None:
         length = DraftLength(num_draft_tokens, draft_p_min)
     seq = [int(t) for t in prompt_ids]
@@ -329,8 +328,8 @@ def speculative_step(
         catch_up = len(seq) - draft_cache.offset
         drafts, draft_probs, forwards, stopped = _propose(draft, draft_cache, seq, k, sampler, rng, length.p_min)
         drafted = clock()
-        verify_logits = target.forward(np.asarray(seq[-1:] + drafts, dtype=np.int32), target_cache, logits="all")
-        accepted, out = _verify(target, verify_logits, drafts, draft_probs, seq, sampler, rng, logprobs)
+        verify_logits = verify(target, target_cache, seq[-1:] + drafts)
+        accepted, out = _accept(target, verify_logits, drafts, draft_probs, seq, sampler, rng, logprobs)
         length.record_round(len(drafts), accepted, clock() - drafted, drafted - started,
                             forwards if catch_up <= 2 else 0, stopped)
         # Both caches now hold seq + drafts[:accepted] at most: forget the rejected positions.
@@ -353,8 +352,6 @@ def _propose(
     draft forwards run, and whether drafting stopped early: before a token whose top probability
     is below ``p_min`` (checked where the draft's logits are read anyway, so not on a backend
     drafting greedily ahead on the device)."""
-    from kjarni.stream import checked_ids, choose_token
-
     # Catch up on what the draft has not seen: the last token, plus the previous round's last
     # proposal or resampled token when the target accepted everything (or the plain run's tokens).
     logits = draft.forward(np.asarray(seq[draft_cache.offset :], dtype=np.int32), draft_cache, logits="last")
@@ -393,7 +390,7 @@ def _top_probability(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(x - x.max()).sum())
 
 
-def _verify(
+def _accept(
     target,
     logits,
     drafts: list[int],
@@ -404,8 +401,6 @@ def _verify(
     logprobs: bool,
 ) -> tuple[int, list[tuple[int, float | None]]]:
     """How many drafts the target accepts, and the tokens (with logprobs) the round emits."""
-    from kjarni.stream import checked_ids
-
     ops, k = target.ops, len(drafts)
     if sampler.greedy and not (sampler.needs_full_logits or logprobs):
         choices = [int(t) for t in checked_ids(target, ops.argmax(logits), "a speculative verify step")]

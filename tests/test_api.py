@@ -280,7 +280,7 @@ def test_an_unknown_draft_fails_before_the_model_is_loaded(tiny_dir: Path, monke
     def no_loading(*_: object, **__: object) -> None:
         raise AssertionError("the model was loaded before the draft was resolved")
 
-    monkeypatch.setattr(builder_module.GeneratorBuilder, "_load", no_loading)
+    monkeypatch.setattr(builder_module.PartsBuilder, "_load", no_loading)
     with pytest.raises(UnknownModelError, match="no-such-draft"):
         build(tiny_dir).draft("no-such-draft", 4).build()
 

@@ -10,13 +10,8 @@ import pytest
 
 from kjarni.model_config import ModelConfig
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
-from kjarni.stream import (
-    GenerationParams,
-    GenerationStats,
-    TokenEvent,
-    generate_step,
-    stream_generate,
-)
+from kjarni.decode import generate_step
+from kjarni.stream import GenerationParams, GenerationStats, TokenEvent, stream_generate
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.sampler import make_sampler

@@ -97,7 +97,7 @@ def test_a_decode_step_is_one_submit_of_few_dispatches_and_allocates_nothing(tmp
 
 def _generate(model, prompt, count, **kwargs):
     """The first ``count`` greedy tokens of generate_step, and the cache it used."""
-    from kjarni.stream import generate_step
+    from kjarni.decode import generate_step
     from kjarni.sampler import make_sampler
 
     cache = model.new_cache(64)
@@ -137,7 +137,7 @@ def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_p
 
     # A consumer going on past max_tokens still gets tokens, then the cache end raises as usual.
     from kjarni.errors import ContextOverflowError
-    from kjarni.stream import generate_step
+    from kjarni.decode import generate_step
     from kjarni.sampler import make_sampler
 
     cache = gpu.new_cache(len(PROMPT) + 3)

@@ -14,7 +14,7 @@ import pytest
 
 from kjarni.model_config import ModelConfig
 from kjarni.errors import NonFiniteLogitsError
-from kjarni.stream import generate_step
+from kjarni.decode import generate_step
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
 from kjarni.backend import UNDECIDED

@@ -225,8 +225,8 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
 
 def _decode_ahead(model, cache, prompt, steps: int, sampler=None) -> float:
     """Seconds for ``steps`` tokens after the first (greedy unless ``sampler``), through
-    kjarni.stream.generate_step."""
-    from kjarni.stream import generate_step
+    kjarni.decode.generate_step."""
+    from kjarni.decode import generate_step
     from kjarni.sampler import make_sampler
 
     seconds = []

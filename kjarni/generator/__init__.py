@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kjarni.generator.builder import GeneratorBuilder
 from kjarni.generator.config import (
     GenerationOverrides,
     KjarniDevice,
@@ -22,7 +21,7 @@ from kjarni.generator.config import (
     LoadConfigBuilder,
     ResolvedGenerationConfig,
 )
-from kjarni.generator.generator import AsyncTokenStream, GeneratedToken, Generator, TokenStream
+from kjarni.generator.generator import AsyncTokenStream, GeneratedToken, Generator, GeneratorBuilder, TokenStream
 from kjarni.generator.presets import (
     ALL_V1_PRESETS,
     GENERATOR_BALANCED_V1,

@@ -1,21 +1,24 @@
-"""``GeneratorBuilder``: every setting of a Generator, chainable, checked before any work.
+"""``PartsBuilder``: every setting of a Generator, chainable, checked before any work, and the
+resolving, loading and wiring of the parts a Generator runs on (``GeneratorParts``).
 
     generator = (Generator.builder("smollm2-135m-instruct")
                  .cpu().temperature(0.8).max_tokens(100).build())
 
 Sampling setters check their value at once (``InvalidConfigurationError`` names it and its
-range); ``build()`` checks the rest before it downloads or loads anything.
+range); ``build_parts()`` checks the rest before it downloads or loads anything. The public
+``GeneratorBuilder`` (generator.py) is this class plus ``build()``, which turns the parts into a
+``Generator``: so imports run one way, generator.py -> builder.py, never back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Self
 
 from kjarni import registry, sources
 from kjarni.errors import (
@@ -33,10 +36,9 @@ from kjarni.generator.config import (
     LoadConfigBuilder,
     ResolvedGenerationConfig,
 )
-from kjarni.generator.generator import Generator, _Draft, _notice
 from kjarni.generator.presets import GeneratorPreset, GeneratorTier, find_preset, list_presets
 from kjarni.prefix_cache import DEFAULT_PREFIX_CACHE_TOKENS, PrefixCache
-from kjarni.quiet import quiet_mesa
+from kjarni.quiet import notice, quiet_mesa
 from kjarni.sources import DownloadPolicy
 
 
@@ -100,8 +102,37 @@ def _parse_params(params: str) -> float | None:
         return None
 
 
-class GeneratorBuilder:
-    """Builder for configuring a Generator; every method returns the builder."""
+@dataclass(frozen=True)
+class LoadedDraft:
+    """The draft model of speculative decoding, as the builder loaded it."""
+
+    name: str
+    loaded: Any  # kjarni.loader.LoadedModel
+    device: KjarniDevice
+    num_tokens: int | None  # None: chosen each round (speculative.DraftLength)
+
+
+@dataclass(frozen=True)
+class GeneratorParts:
+    """What a Generator runs on, resolved, loaded and wired by ``PartsBuilder.build_parts``."""
+
+    loaded: Any  # kjarni.loader.LoadedModel
+    model_name: str
+    entry: registry.ModelEntry | None
+    device: KjarniDevice
+    gpu_context: Any
+    generation_config: ResolvedGenerationConfig
+    context_size: int
+    load_config: LoadConfig
+    draft: LoadedDraft | None = None
+    prefix_cache: PrefixCache | None = None
+    draft_prefix_cache: PrefixCache | None = None
+    chat_template: str | None = None
+    owns_gpu_context: bool = False  # made here (not with_context): Generator.close() closes it
+
+
+class PartsBuilder:
+    """The settings of a Generator and their wiring; every setter returns the builder."""
 
     def __init__(self, model: str | os.PathLike[str] | None = None) -> None:
         self._model = os.fspath(model) if model is not None else None
@@ -130,21 +161,21 @@ class GeneratorBuilder:
     # ------------------------------------------------------------ model and device
 
     @classmethod
-    def new(cls, model: str | os.PathLike[str] | None = None) -> GeneratorBuilder:
+    def new(cls, model: str | os.PathLike[str] | None = None) -> Self:
         """A builder for ``model`` (a registry name or a local path; None: the default model)."""
         return cls(model)
 
-    def model_path(self, path: str | os.PathLike[str]) -> GeneratorBuilder:
+    def model_path(self, path: str | os.PathLike[str]) -> Self:
         """Load the model from a local ``.gguf`` file or model folder instead of the registry."""
         self._model_path = Path(path).expanduser()
         return self
 
-    def device(self, device: KjarniDevice | str) -> GeneratorBuilder:
+    def device(self, device: KjarniDevice | str) -> Self:
         """Set the device: ``KjarniDevice.CPU``, ``GPU`` or ``AUTO`` (or ``"cpu"``, ``"gpu"``, ``"auto"``)."""
         self._device = KjarniDevice.parse(device)
         return self
 
-    def cpu(self) -> GeneratorBuilder:
+    def cpu(self) -> Self:
         """Use the CPU (numpy) for inference."""
         return self.device(KjarniDevice.CPU)
 
@@ -157,7 +188,7 @@ class GeneratorBuilder:
         adapter_name: str | None = None,
         power_preference: str | None = None,
         runtime: str | None = None,
-    ) -> GeneratorBuilder:
+    ) -> Self:
         """Use the GPU (WebGPU); ``build()`` raises ``GpuUnavailableError`` when there is none.
 
         ``device`` / ``adapter``: an application's own wgpu-py or wgpudawn GPUDevice / GPUAdapter,
@@ -187,7 +218,7 @@ class GeneratorBuilder:
         self._gpu_options = {k: v for k, v in options.items() if v is not None}
         return self.device(KjarniDevice.GPU)
 
-    def with_context(self, context: Any) -> GeneratorBuilder:
+    def with_context(self, context: Any) -> Self:
         """Run on a pre-created ``WgpuContext`` (shared between Generators); implies the GPU."""
         self._context = context
         return self.device(KjarniDevice.GPU)
@@ -195,11 +226,11 @@ class GeneratorBuilder:
     # ------------------------------------------------------------ presets
 
     @classmethod
-    def from_preset(cls, preset: GeneratorPreset | GeneratorTier | str) -> GeneratorBuilder:
+    def from_preset(cls, preset: GeneratorPreset | GeneratorTier | str) -> Self:
         """A builder for a preset's model, device and sampling defaults (a preset, tier or preset name)."""
         return cls().preset(preset)
 
-    def preset(self, preset: GeneratorPreset | GeneratorTier | str) -> GeneratorBuilder:
+    def preset(self, preset: GeneratorPreset | GeneratorTier | str) -> Self:
         """Apply a preset: its temperature and max tokens (below builder settings), its device, and its
         model unless this builder already names one. A preset recommending the GPU uses ``AUTO``, so it
         still runs where there is none."""
@@ -220,11 +251,11 @@ class GeneratorBuilder:
         self._device = KjarniDevice.CPU if preset.recommended_device is KjarniDevice.CPU else KjarniDevice.AUTO
         return self
 
-    def creative(self) -> GeneratorBuilder:
+    def creative(self) -> Self:
         """Creative generation: temperature 1.0, top-p 0.95, min-p 0.05, no top-k."""
         return self.generation_config(CREATIVE)
 
-    def precise(self) -> GeneratorBuilder:
+    def precise(self) -> Self:
         """Precise generation: temperature 0.2, top-p 0.9, top-k 20."""
         return self.generation_config(PRECISE)
 
@@ -232,7 +263,7 @@ class GeneratorBuilder:
 
     def draft(
         self, name: str | os.PathLike[str], num_tokens: int | None = None, *, device: KjarniDevice | str | None = None
-    ) -> GeneratorBuilder:
+    ) -> Self:
         """Speculative decoding: ``name`` (a registry name or local path) proposes ``num_tokens`` per round.
 
         ``num_tokens=None`` (the default) lets kjarni choose each round's length, up to
@@ -257,7 +288,7 @@ class GeneratorBuilder:
         self._draft = (name, num_tokens, None if device is None else KjarniDevice.parse(device))
         return self
 
-    def prefix_cache(self, enabled: bool = True) -> GeneratorBuilder:
+    def prefix_cache(self, enabled: bool = True) -> Self:
         """Reuse the KV cache across calls (``DEFAULT_PREFIX_CACHE_TOKENS`` positions; off by default).
 
         A prompt sharing its head with the previous call's prompt and output prefills only the rest.
@@ -265,7 +296,7 @@ class GeneratorBuilder:
         self._prefix_cache_tokens = DEFAULT_PREFIX_CACHE_TOKENS if enabled else None
         return self
 
-    def prefix_cache_tokens(self, tokens: int) -> GeneratorBuilder:
+    def prefix_cache_tokens(self, tokens: int) -> Self:
         """Enable the prefix cache with a capacity of ``tokens`` (clamped to the model's context).
 
         The cache is allocated at ``build()``. A prompt plus ``max_tokens`` longer than it still
@@ -276,7 +307,7 @@ class GeneratorBuilder:
         self._prefix_cache_tokens = tokens
         return self
 
-    def chat_template(self, template: str) -> GeneratorBuilder:
+    def chat_template(self, template: str) -> Self:
         """The Jinja chat template ``chat`` and ``apply_chat_template`` use, instead of the model's own.
 
         For models that ship without one, or to change how a conversation is formatted; it is
@@ -289,47 +320,47 @@ class GeneratorBuilder:
 
     # ------------------------------------------------------------ sampling
 
-    def _set(self, **fields: Any) -> GeneratorBuilder:
+    def _set(self, **fields: Any) -> Self:
         self._overrides = self._overrides.merged(GenerationOverrides(**fields))
         return self
 
-    def temperature(self, temp: float) -> GeneratorBuilder:
+    def temperature(self, temp: float) -> Self:
         """Sampling temperature (>= 0; 0 is greedy)."""
         return self._set(temperature=temp)
 
-    def max_tokens(self, max: int) -> GeneratorBuilder:  # noqa: A002 - the seed's name
+    def max_tokens(self, max: int) -> Self:  # noqa: A002 - the seed's name
         """Maximum number of tokens to generate (>= 1)."""
         return self._set(max_tokens=max)
 
-    def top_p(self, p: float) -> GeneratorBuilder:
+    def top_p(self, p: float) -> Self:
         """Nucleus sampling threshold, in (0, 1] (1 is off)."""
         return self._set(top_p=p)
 
-    def top_k(self, k: int) -> GeneratorBuilder:
+    def top_k(self, k: int) -> Self:
         """Keep only the ``k`` most likely tokens (0 is off)."""
         return self._set(top_k=k)
 
-    def min_p(self, p: float) -> GeneratorBuilder:
+    def min_p(self, p: float) -> Self:
         """Drop tokens less likely than ``p`` times the most likely one, in [0, 1] (0 is off)."""
         return self._set(min_p=p)
 
-    def repetition_penalty(self, penalty: float) -> GeneratorBuilder:
+    def repetition_penalty(self, penalty: float) -> Self:
         """Penalty on tokens already in the prompt or output (> 0; 1 is off)."""
         return self._set(repetition_penalty=penalty)
 
-    def greedy(self) -> GeneratorBuilder:
+    def greedy(self) -> Self:
         """Greedy decoding: temperature 0, always the most likely token (deterministic)."""
         return self._set(temperature=0.0)
 
-    def seed(self, seed: int) -> GeneratorBuilder:
+    def seed(self, seed: int) -> Self:
         """Make sampling reproducible: the same seed gives the same text (>= 0)."""
         return self._set(seed=seed)
 
-    def stop(self, strings: str | Iterable[str]) -> GeneratorBuilder:
+    def stop(self, strings: str | Iterable[str]) -> Self:
         """Stop strings: the text ends before the first of them (a str is one stop string)."""
         return self._set(stop=strings)
 
-    def generation_config(self, overrides: GenerationOverrides) -> GeneratorBuilder:
+    def generation_config(self, overrides: GenerationOverrides) -> Self:
         """Set many generation settings at once; fields left None keep what earlier calls set."""
         if not isinstance(overrides, GenerationOverrides):
             raise InvalidConfigurationError(
@@ -340,7 +371,7 @@ class GeneratorBuilder:
 
     # ------------------------------------------------------------ loading
 
-    def with_load_config(self, configure: Callable[[LoadConfigBuilder], LoadConfigBuilder]) -> GeneratorBuilder:
+    def with_load_config(self, configure: Callable[[LoadConfigBuilder], LoadConfigBuilder]) -> Self:
         """Configure loading: ``configure`` gets a ``LoadConfigBuilder`` and returns it.
 
         Example: ``.with_load_config(lambda c: c.quantized().kv_dtype("f16").max_context(4096))``.
@@ -354,29 +385,29 @@ class GeneratorBuilder:
         self._load_config_set = True
         return self
 
-    def cache_dir(self, path: str | os.PathLike[str]) -> GeneratorBuilder:
+    def cache_dir(self, path: str | os.PathLike[str]) -> Self:
         """The cache folder for model files (default: ``$KJARNI_CACHE_DIR`` or ``~/.cache/kjarni``)."""
         self._cache_dir = Path(path).expanduser()
         return self
 
-    def download_policy(self, policy: DownloadPolicy) -> GeneratorBuilder:
+    def download_policy(self, policy: DownloadPolicy) -> Self:
         """Whether missing models are downloaded: ``DownloadPolicy.IF_MISSING`` or ``NEVER``."""
         if not isinstance(policy, DownloadPolicy):
             raise InvalidConfigurationError(f"download_policy takes a DownloadPolicy, got {policy!r}")
         self._download_policy = policy
         return self
 
-    def offline(self) -> GeneratorBuilder:
+    def offline(self) -> Self:
         """Never download: a model missing from the cache raises ``ModelNotDownloadedError``."""
         return self.download_policy(DownloadPolicy.NEVER)
 
-    def quiet(self) -> GeneratorBuilder:
+    def quiet(self) -> Self:
         """Nothing on stderr: no progress, notices or warnings (the large-model one included), and
         no XDG_RUNTIME_DIR complaint from Mesa. Errors are still raised."""
         self._quiet = True
         return self
 
-    def allow_warnings(self) -> GeneratorBuilder:
+    def allow_warnings(self) -> Self:
         """Allow suboptimal choices (a large model on the CPU, GPU settings on the CPU) without warnings."""
         self._allow_warnings = True
         return self
@@ -436,7 +467,7 @@ class GeneratorBuilder:
             reason = f"the only WebGPU adapter is {software}, a software one slower than numpy; gpu() uses it anyway"
         except GpuUnavailableError as error:
             reason = f"no usable GPU: {error}"
-        _notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
+        notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
         return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
 
     def _load(self, source: sources.ModelSource, ops: Any, device: KjarniDevice) -> Any:
@@ -444,7 +475,7 @@ class GeneratorBuilder:
 
         started = time.monotonic()
         estimates: list[Any] = []  # filled by the GPU memory check, for the out-of-memory message
-        _notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
+        notice(f"loading {source.name} from {source.path} on the {device.value}", self._quiet)
         try:
             loaded = load_model(
                 source.path, ops=ops, prefer=self._load_config.prefer or "safetensors", quiet=self._quiet,
@@ -467,7 +498,7 @@ class GeneratorBuilder:
             ) from error
         except Exception as error:  # noqa: BLE001 - unreadable files surface as a typed error
             raise LoadFailedError(f"loading {source.path} failed: {type(error).__name__}: {error}") from error
-        _notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
+        notice(f"loaded {source.name} in {time.monotonic() - started:.1f} s", self._quiet)
         if device is KjarniDevice.CPU:
             params = _parse_params(source.entry.params) if source.entry is not None else None
             if params is not None and params > _CPU_WARN_PARAMS:
@@ -511,8 +542,8 @@ class GeneratorBuilder:
         if not (self._allow_warnings or self._quiet):
             print(f"kjarni: warning: {message} (allow_warnings() silences this)", file=sys.stderr, flush=True)
 
-    def build(self) -> Generator:
-        """Resolve, download (per the policy), load, and return the Generator.
+    def build_parts(self) -> GeneratorParts:
+        """Resolve, download (per the policy), load, and wire what the Generator runs on.
 
         With ``draft()`` the draft model is resolved and loaded the same way and checked against
         the model's vocabulary; with ``prefix_cache()`` its KV cache is allocated here.
@@ -539,7 +570,7 @@ class GeneratorBuilder:
             draft_ops, _, draft_device = self._ops(draft_device or device, context if device is KjarniDevice.GPU else None)
             draft_loaded = self._load(draft_source, draft_ops, draft_device)
             check_draft_compatible(loaded, draft_loaded, target_name=source.name, draft_name=draft_source.name)
-            draft = _Draft(draft_source.name, draft_loaded, draft_device, num_tokens)
+            draft = LoadedDraft(draft_source.name, draft_loaded, draft_device, num_tokens)
 
         prefix_caches: tuple[Any, Any] = (None, None)
         if self._prefix_cache_tokens is not None:
@@ -549,7 +580,7 @@ class GeneratorBuilder:
                 PrefixCache(loaded.model, tokens, context_size=context_size),
                 None if draft is None else PrefixCache(draft.loaded.model, tokens, context_size=context_size),
             )
-        generator = Generator(
+        return GeneratorParts(
             loaded=loaded,
             model_name=source.name,
             entry=source.entry,
@@ -564,13 +595,6 @@ class GeneratorBuilder:
             chat_template=self._chat_template,
             owns_gpu_context=context is not None and self._context is None,
         )
-        if self._chat_template is not None:
-            _ = generator.chat_template  # compile it now: a broken template fails the build, not the first chat
-        return generator
-
-    async def abuild(self) -> Generator:
-        """``build`` in a worker thread, for asyncio code."""
-        return await asyncio.to_thread(self.build)
 
 
 def model_overrides(defaults: Any) -> GenerationOverrides:

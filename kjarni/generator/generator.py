@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from kjarni.errors import (
     InvalidConfigurationError,
     KjarniError,
 )
+from kjarni.generator.builder import LoadedDraft, PartsBuilder
 from kjarni.generator.config import (
     GenerationOverrides,
     KjarniDevice,
@@ -33,9 +33,9 @@ from kjarni.generator.config import (
     ResolvedGenerationConfig,
     call_overrides,
 )
+from kjarni.quiet import notice
 
 if TYPE_CHECKING:
-    from kjarni.generator.builder import GeneratorBuilder
     from kjarni.loader import LoadedModel
     from kjarni.chat import ChatTemplate
     from kjarni.prefix_cache import PrefixCache
@@ -61,16 +61,6 @@ class GeneratedToken:
     finish_reason: str | None = None
 
 
-@dataclass(frozen=True)
-class _Draft:
-    """The draft model of speculative decoding, as the builder loaded it."""
-
-    name: str
-    loaded: LoadedModel
-    device: KjarniDevice
-    num_tokens: int | None  # None: chosen each round (speculative.DraftLength)
-
-
 class Generator:
     """Raw text generator for decoder language models.
 
@@ -89,7 +79,7 @@ class Generator:
         generation_config: ResolvedGenerationConfig,
         context_size: int,
         load_config: LoadConfig,
-        draft: _Draft | None = None,
+        draft: LoadedDraft | None = None,
         prefix_cache: PrefixCache | None = None,
         draft_prefix_cache: PrefixCache | None = None,
         chat_template: str | None = None,
@@ -126,8 +116,6 @@ class Generator:
     @staticmethod
     def builder(model: str | None = None) -> GeneratorBuilder:
         """A builder for custom configuration (``model``: a registry name or a local path)."""
-        from kjarni.generator.builder import GeneratorBuilder
-
         return GeneratorBuilder(model)
 
     @classmethod
@@ -890,7 +878,21 @@ class AsyncTokenStream:
         self._worker.stop.set()
 
 
-def _notice(message: str, quiet: bool) -> None:
-    """An informational line on stderr (stdout carries generated text), unless ``quiet``."""
-    if not quiet:
-        print(f"kjarni: {message}", file=sys.stderr, flush=True)
+class GeneratorBuilder(PartsBuilder):
+    """Builder for configuring a Generator; every method returns the builder (setters: builder.py)."""
+
+    def build(self) -> Generator:
+        """Resolve, download (per the policy), load, and return the Generator.
+
+        With ``draft()`` the draft model is resolved and loaded the same way and checked against
+        the model's vocabulary; with ``prefix_cache()`` its KV cache is allocated here.
+        """
+        parts = self.build_parts()
+        generator = Generator(**vars(parts))  # the parts are the Generator's keyword arguments
+        if parts.chat_template is not None:
+            _ = generator.chat_template  # compile it now: a broken template fails the build, not the first chat
+        return generator
+
+    async def abuild(self) -> Generator:
+        """``build`` in a worker thread, for asyncio code."""
+        return await asyncio.to_thread(self.build)

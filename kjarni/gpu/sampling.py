@@ -12,7 +12,7 @@ device, and `WgpuOps.read_tokens` reads a burst of them at once.
 
 What runs on the device (`runs_on_device`): top-k between 1 and 255, with any temperature, top-p
 and min-p, and no repetition penalty. Otherwise the loop reads the logits back every step
-(kjarni.stream.choose_token), as it does for ``logprobs``.
+(kjarni.decode.choose_token), as it does for ``logprobs``.
 
 Every chosen id carries a status: `NOT_FINITE` when the logits held a NaN or an inf, which
 argmax.wgsl and top_k.wgsl detect while ranking (a bad value ranks first), and `UNDECIDED_STATUS`
