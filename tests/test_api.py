@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from kjarni.generator import (
     ResolvedGenerationConfig,
 )
 from kjarni.generator import builder as builder_module
+from tests.threads import HANG_GUARD_S, Gate, WatchedLock, Worker, join_async_workers
 from tests.tiny_models import CHAT_TEMPLATE, SPECIAL_TOKENS, random_state_dict, save_safetensors_model, tiny_config, tiny_vocab
 
 TINY_VOCAB = 300  # every byte has a token, so any text (emoji, CJK) encodes
@@ -123,10 +123,13 @@ def test_generator_properties_describe_the_loaded_model(tiny: Generator, tiny_di
 
 
 def test_last_stats_reports_the_last_generation(tiny: Generator) -> None:
-    tiny.generate_with_config("the cat", GenerationOverrides(max_tokens=5, temperature=0.0))
+    greedy = GenerationOverrides(max_tokens=5, temperature=0.0)
+    streamed = list(tiny.stream_with_config("the cat", greedy))  # the same generation, token by token
+    tiny.generate_with_config("the cat", greedy)
     stats = tiny.last_stats
     assert stats.prompt_tokens == len(tiny.tokenizer.encode("the cat"))
-    assert 1 <= stats.generated_tokens <= 5 and stats.finish_reason is not None
+    assert (stats.generated_tokens, stats.finish_reason) == (len(streamed), streamed[-1].finish_reason)
+    assert stats.finish_reason in ("eos", "length")
     tokens = []
     for token in tiny.stream_with_config("the", GenerationOverrides(max_tokens=3, temperature=0.0)):
         tokens.append(token)
@@ -290,7 +293,7 @@ def test_greedy_output_with_a_draft_is_the_models_own_and_stats_are_reported(
 ) -> None:
     g = build(tiny_dir).draft(str(draft_dir), 3).build()
     assert (g.draft_model_name, g.num_draft_tokens, g.draft_device) == (draft_dir.name, 3, KjarniDevice.CPU)
-    assert g.draft_decoder is not None and tiny.draft_model_name is None and tiny.num_draft_tokens == 0
+    assert g.draft_decoder.path == draft_dir and tiny.draft_model_name is None and tiny.num_draft_tokens == 0
     for prompt in ("hello world", "", "the cat sat"):  # the last one runs to max_tokens
         assert greedy_ids(g, prompt) == greedy_ids(tiny, prompt)
     stats = g.last_stats
@@ -495,9 +498,14 @@ def test_gpu_generation_matches_the_cpu_greedy_tokens(tiny: Generator, tiny_dir:
     assert [t.token_id for t in g.stream_with_config("the cat", greedy)] == [
         t.token_id for t in tiny.stream_with_config("the cat", greedy)
     ]
-    f16 = Generator.builder().model_path(tiny_dir).with_context(wgpu_context).quiet().build()  # default weight format
-    assert f16.gpu_context is wgpu_context and f16.device is KjarniDevice.GPU
-    assert isinstance(f16.generate_with_config("the cat", greedy), str)
+    # The default weight format is f16: the same greedy tokens as the CPU's f16 mode (the same
+    # f16-rounded weights, float32 sums), with a float32 KV cache like the CPU's.
+    f16 = Generator.builder().model_path(tiny_dir).with_context(wgpu_context).with_load_config(lambda c: c.kv_dtype("f32")).quiet().build()
+    assert f16.gpu_context is wgpu_context and f16.decoder.model.ops.weight_format == "f16"
+    cpu_f16 = build(tiny_dir).with_load_config(lambda c: c.cpu_f16()).build()
+    assert [t.token_id for t in f16.stream_with_config("the cat", greedy)] == [
+        t.token_id for t in cpu_f16.stream_with_config("the cat", greedy)
+    ]
 
 
 @pytest.mark.gpu
@@ -505,15 +513,32 @@ def test_gpu_builds_its_own_context(tiny_dir: Path) -> None:
     if _adapter_type() is None:
         pytest.skip("no WebGPU adapter here")
     g = Generator.builder().model_path(tiny_dir).gpu().quiet().build()
-    assert g.device is KjarniDevice.GPU and g.gpu_context is not None
+    assert g.device is KjarniDevice.GPU and g.decoder.model.ops.context is g.gpu_context
+    assert type(g.gpu_context).__name__ == "WgpuContext"
 
 
-def test_gpu_q8_0_load_config_reaches_the_backend(tiny_dir: Path) -> None:
-    if _adapter_type() is None:
-        pytest.skip("no WebGPU adapter here")
-    g = Generator.builder().model_path(tiny_dir).gpu().with_load_config(lambda c: c.q8_0()).quiet().build()
-    assert g.decoder.model.ops.weight_format == "q8_0"
-    assert isinstance(g.generate_with_config("hello", GenerationOverrides(max_tokens=4, temperature=0.0)), str)
+@pytest.mark.gpu
+def test_gpu_q8_0_load_config_reaches_the_backend_and_generates_the_cpus_tokens(tmp_path: Path, wgpu_context: object) -> None:
+    """Weights that are already Q8_0 values (quantize, dequantize) lose nothing when the GPU
+    quantizes them again, so its greedy tokens are the CPU's float32 ones."""
+    import gguf
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    folder = make_tiny_model(tmp_path / "q8", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16)  # every matrix 32-column blocks wide
+    config = json.loads((folder / "config.json").read_text())
+    tensors = {n: gguf.quants.dequantize(gguf.quants.quantize(t, q8), q8) if t.ndim == 2 else t
+               for n, t in random_state_dict(config, seed=3).items()}
+    save_safetensors_model(folder, config, tensors)
+    g = (Generator.builder().model_path(folder).with_context(wgpu_context).quiet()
+         .with_load_config(lambda c: c.q8_0().kv_dtype("f32")).build())
+    ops = g.decoder.model.ops
+    assert ops.weight_format == "q8_0"
+    assert g.decoder.model.blocks[0].qkv.formats == ["Q8_0"] and g.decoder.model.blocks[1].down_proj.formats == ["Q8_0"]
+    greedy = GenerationOverrides(max_tokens=12, temperature=0.0)
+    assert [t.token_id for t in g.stream_with_config("hello", greedy)] == [
+        t.token_id for t in build(folder).build().stream_with_config("hello", greedy)
+    ]
 
 
 def test_warnings_for_gpu_settings_on_the_cpu_unless_allowed(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -548,10 +573,11 @@ def test_is_generator_model_reads_local_configs(tiny_dir: Path, tmp_path: Path) 
 
 def test_module_generate_uses_the_named_model(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builder_module, "_gpu_ops", _raise_no_gpu)
-    text = kg.generate(str(tiny_dir), "the cat")
-    assert isinstance(text, str)
-    assert kg._generator_for(str(tiny_dir)) is kg._generator_for(str(tiny_dir))  # kept for the next call
-    assert isinstance(asyncio.run(kg.agenerate(str(tiny_dir), "the cat")), str)
+    expected = build(tiny_dir).build().generate("the cat", temperature=0.0, max_tokens=8)
+    assert kg.generate(str(tiny_dir), "the cat", temperature=0.0, max_tokens=8) == expected
+    kept = kg._generator_for(str(tiny_dir))
+    assert kept.model_name == tiny_dir.name and kg._generator_for(str(tiny_dir)) is kept  # kept for the next call
+    assert asyncio.run(kg.agenerate(str(tiny_dir), "the cat", temperature=0.0, max_tokens=8)) == expected
 
 
 def _raise_no_gpu(load_config: LoadConfig, context: object) -> None:
@@ -568,7 +594,9 @@ def test_prompt_longer_than_the_context_raises_context_overflow_naming_both(tiny
     assert (info.value.tokens, info.value.context) == (300, 256)
     with pytest.raises(ContextOverflowError):
         tiny.stream("x" * 256)  # equal does not fit: no room for one generated token
-    assert tiny.generate_with_config("x" * 255, GenerationOverrides(max_tokens=5, temperature=0)) is not None
+    tiny.generate_with_config("x" * 255, GenerationOverrides(max_tokens=5, temperature=0))  # fits: room for one token
+    assert (tiny.last_stats.prompt_tokens, tiny.last_stats.generated_tokens) == (255, 1)
+    assert tiny.last_stats.finish_reason in ("context", "eos")
 
 
 def test_generation_stops_at_the_context_limit(tiny: Generator) -> None:
@@ -579,16 +607,19 @@ def test_generation_stops_at_the_context_limit(tiny: Generator) -> None:
 
 
 def test_empty_prompt_starts_from_bos(tiny: Generator) -> None:
-    text = tiny.generate_with_config("", GenerationOverrides(max_tokens=3, seed=1))
-    assert isinstance(text, str)
+    settings = GenerationOverrides(max_tokens=3, seed=1)
+    text = tiny.generate_with_config("", settings)
     assert tiny.last_stats.prompt_tokens == 1
+    assert tiny.tokenizer.encode("<|im_start|>") == [tiny.tokenizer.bos_token_id]
+    assert text == tiny.generate_with_config("<|im_start|>", settings)  # the prompt that is BOS alone
 
 
 def test_empty_prompt_without_bos_is_an_error(tmp_path: Path) -> None:
     g = build(make_tiny_model(tmp_path / "nobos", bos=False)).build()
     with pytest.raises(InvalidConfigurationError, match="empty.*BOS"):
         g.generate("")
-    assert g.generate_with_config("a", GenerationOverrides(max_tokens=1)) is not None
+    g.generate_with_config("a", GenerationOverrides(max_tokens=1))  # a non-empty prompt needs no BOS
+    assert (g.last_stats.prompt_tokens, g.last_stats.generated_tokens) == (1, 1)
 
 
 def test_non_str_prompt_is_refused(tiny: Generator) -> None:
@@ -649,36 +680,43 @@ def test_stream_text_streams_every_byte_of_multibyte_text(tiny: Generator) -> No
 # ---------------------------------------------------------------- one generation at a time
 
 
-def _generate_in_thread(g: Generator, timeout: float = 20.0) -> str | None:
-    """Run a short generation in another thread; None if it could not start within ``timeout``."""
-    result: list[str] = []
-    thread = threading.Thread(
-        target=lambda: result.append(g.generate_with_config("the", GenerationOverrides(max_tokens=2))), daemon=True
-    )
-    thread.start()
-    thread.join(timeout)
-    return result[0] if result else None
+GREEDY_2 = GenerationOverrides(max_tokens=2, temperature=0.0)
 
 
-def test_an_open_stream_holds_the_generator_until_closed(tiny: Generator) -> None:
+@pytest.fixture
+def watched(tiny: Generator, monkeypatch: pytest.MonkeyPatch) -> WatchedLock:
+    """The tiny Generator's one-generation-at-a-time lock, watched (tests/threads.py)."""
+    lock = WatchedLock(tiny._lock)
+    monkeypatch.setattr(tiny, "_lock", lock)
+    return lock
+
+
+def test_an_open_stream_holds_the_generator_until_closed(tiny: Generator, watched: WatchedLock) -> None:
+    expected = tiny.generate_with_config("the", GREEDY_2)
     stream = tiny.stream_with_config("the", GenerationOverrides(max_tokens=50, temperature=0))
     next(stream)
-    assert _generate_in_thread(tiny, timeout=0.5) is None  # blocked while the stream is open
+    other = Worker(lambda: tiny.generate_with_config("the", GREEDY_2))
+    assert watched.contended.wait(HANG_GUARD_S)  # the other thread found the Generator taken: it waits
+    assert other.is_alive() and watched.acquired == 2  # the call above and the stream: not the waiter
     stream.close()
-    assert _generate_in_thread(tiny) is not None
+    assert other.join() == expected
+    assert watched.acquired == 3
 
 
 def test_a_second_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny: Generator) -> None:
+    expected = tiny.generate_with_config("the", GREEDY_2)
     with tiny.stream("the"):
         with pytest.raises(GenerationFailedError, match="close"):
             tiny.generate("the")
-    assert tiny.generate_with_config("the", GenerationOverrides(max_tokens=1)) is not None
+    assert tiny.generate_with_config("the", GREEDY_2) == expected
 
 
 def test_breaking_out_of_a_stream_frees_the_generator_at_once(tiny: Generator) -> None:
+    expected = tiny.generate_with_config("the", GREEDY_2)
     for _ in tiny.stream_with_config("the", GenerationOverrides(max_tokens=50)):
         break
-    assert _generate_in_thread(tiny, timeout=5.0) is not None
+    assert not tiny._lock.locked()  # freed when the loop was left, not later
+    assert Worker(lambda: tiny.generate_with_config("the", GREEDY_2)).join() == expected
 
 
 def test_exhausted_and_closed_streams_stay_ended(tiny: Generator) -> None:
@@ -716,9 +754,14 @@ def test_two_threads_sharing_one_generator_are_both_served_correctly(tiny: Gener
 # ---------------------------------------------------------------- async twins
 
 
+GREEDY_KEYWORDS = {"temperature": 0.0, "max_tokens": 10}
+
+
 def test_async_twins_give_the_same_results_as_the_blocking_calls(tiny: Generator, tiny_dir: Path) -> None:
     expected = tiny.generate_with_config("the cat", SAMPLED)
     expected_tokens = [t.token_id for t in tiny.stream_with_config("the cat", SAMPLED)]
+    plain_text = tiny.generate("the", **GREEDY_KEYWORDS)
+    plain_tokens = [t.token_id for t in tiny.stream("the", **GREEDY_KEYWORDS)]
 
     async def main() -> None:
         assert await tiny.agenerate_with_config("the cat", SAMPLED) == expected
@@ -726,9 +769,10 @@ def test_async_twins_give_the_same_results_as_the_blocking_calls(tiny: Generator
         assert "".join(pieces) == expected
         stream = await tiny.astream_with_config("the cat", SAMPLED)  # awaiting gives the stream
         assert [t.token_id async for t in stream] == expected_tokens
-        assert isinstance(await tiny.agenerate("the"), str)
-        assert isinstance([p async for p in tiny.astream_text("the")], list)
-        assert isinstance([t async for t in tiny.astream("the")], list)
+        # The keyword twins (no GenerationOverrides) take the same settings as keywords.
+        assert await tiny.agenerate("the", **GREEDY_KEYWORDS) == plain_text
+        assert "".join([p async for p in tiny.astream_text("the", **GREEDY_KEYWORDS)]) == plain_text
+        assert [t.token_id async for t in tiny.astream("the", **GREEDY_KEYWORDS)] == plain_tokens
         built = await Generator.builder().model_path(tiny_dir).cpu().quiet().abuild()
         assert built.vocab_size == TINY_VOCAB
 
@@ -761,83 +805,66 @@ def test_concurrent_async_generations_share_one_generator(tiny: Generator) -> No
     assert asyncio.run(main()) == expected
 
 
-@pytest.fixture
-def slow_tiny(tiny_dir: Path) -> Generator:
-    """A tiny Generator whose every forward takes at least 10 ms, so a runaway worker shows."""
-    g = Generator.builder().model_path(tiny_dir).cpu().quiet().build()
-    model = g.decoder.model
-    forward = model.forward
-
-    def slow_forward(*args: object, **kwargs: object) -> object:
-        time.sleep(0.01)
-        return forward(*args, **kwargs)
-
-    model.forward = slow_forward  # type: ignore[method-assign]
-    return g
-
-
 GREEDY_LONG = GenerationOverrides(max_tokens=150, temperature=0.0)
 
 
-def _settles() -> bool:
-    """True once no kjarni worker thread is alive (within 5 s)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if not [t for t in threading.enumerate() if t.name.startswith("kjarni-generate") and t.is_alive()]:
-            return True
-        time.sleep(0.05)
-    return False
+@pytest.fixture
+def gated(tiny_dir: Path) -> tuple[Generator, list[GeneratedToken], Gate]:
+    """A fresh tiny Generator, its uncancelled greedy tokens for "the" (150), and a Gate that
+    holds its 5th forward until the test lets it go (tests/threads.py)."""
+    g = build(tiny_dir).build()
+    tokens = list(g.stream_with_config("the", GREEDY_LONG))
+    assert len(tokens) == 150  # uncancelled it runs to max_tokens
+    return g, tokens, Gate(g, at=5)
 
 
-def _wait_free(g: Generator, limit: float) -> float:
-    began = time.monotonic()
-    while g._lock.locked() and time.monotonic() - began < limit:
-        time.sleep(0.005)
-    return time.monotonic() - began
-
-
-async def _await_free(g: Generator, limit: float) -> float:
-    """Seconds until ``g`` is free, polled without leaving the event loop (which stays open)."""
-    began = time.monotonic()
-    while g._lock.locked() and time.monotonic() - began < limit:
-        await asyncio.sleep(0.005)
-    return time.monotonic() - began
-
-
-def test_cancelling_an_async_generation_stops_the_worker_and_frees_the_generator(slow_tiny: Generator) -> None:
-    g = slow_tiny
-    assert len(list(g.stream_with_config("the", GREEDY_LONG))) == 150  # uncancelled it runs to max_tokens (1.5 s+)
+def test_cancelling_an_async_generation_stops_the_worker_and_frees_the_generator(gated) -> None:
+    g, _, gate = gated
 
     async def main() -> None:
-        started = asyncio.Event()
-
         async def consume() -> None:
             async for _ in g.astream_with_config("the", GREEDY_LONG):
-                started.set()
-                await asyncio.sleep(0.05)
+                pass
 
         task = asyncio.create_task(consume())
-        await asyncio.wait_for(started.wait(), 20)
-        task.cancel()
+        assert await asyncio.to_thread(gate.reached.wait, HANG_GUARD_S)  # the worker is inside forward 5
+        task.cancel()  # lands in the consumer's wait for the next token
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await _await_free(g, 3.0) < 0.5  # within a token or two, not the rest of the generation
-        await asyncio.wait_for(g.agenerate_with_config("the", GenerationOverrides(max_tokens=2)), 10)
+        gate.go.set()
+        await asyncio.to_thread(join_async_workers)
+        assert gate.calls == 5  # the step in flight finished; not one forward more
+        assert not g._lock.locked()
+        assert await g.agenerate_with_config("the", GREEDY_2) == g.generate_with_config("the", GREEDY_2)
 
     asyncio.run(main())
-    assert _settles()
+    join_async_workers()
 
 
-def test_cancelling_agenerate_stops_it_promptly(slow_tiny: Generator) -> None:
+def test_cancelling_agenerate_stops_it_at_the_next_piece_of_text(gated, monkeypatch: pytest.MonkeyPatch) -> None:
+    g, tokens, gate = gated
+    streams = []  # the stream agenerate reads, to see its worker told to stop
+    astream_text = g.astream_text_with_config
+    monkeypatch.setattr(g, "astream_text_with_config", lambda *a, **k: streams.append(astream_text(*a, **k)) or streams[-1])
+
     async def main() -> None:
-        task = asyncio.create_task(slow_tiny.agenerate_with_config("the", GREEDY_LONG))
-        await asyncio.sleep(0.2)
+        task = asyncio.create_task(g.agenerate_with_config("the", GREEDY_LONG))
+        assert await asyncio.to_thread(gate.reached.wait, HANG_GUARD_S)
         task.cancel()
+        # agenerate waits for its worker before it ends: let forward 5 finish once the cancel has
+        # reached the worker (the task sets its stop event while this thread waits).
+        assert await asyncio.to_thread(streams[0]._worker.stop.wait, HANG_GUARD_S)
+        gate.go.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await _await_free(slow_tiny, 3.0) < 0.5  # the generation alone would take 1.5 s more
+        await asyncio.to_thread(join_async_workers)
+        assert not g._lock.locked()
 
     asyncio.run(main())
+    # Forward 5 gives token 4; a text stream hands over only non-empty pieces, so the worker
+    # stops after the first token from there on that has text (random weights make some empty).
+    last = next(i for i in range(4, len(tokens)) if tokens[i].text)
+    assert gate.calls == last + 1 < len(tokens)
 
 
 def test_aclose_and_break_free_the_generator(tiny: Generator) -> None:
@@ -855,17 +882,21 @@ def test_aclose_and_break_free_the_generator(tiny: Generator) -> None:
     asyncio.run(main())
 
 
-def test_a_task_waiting_its_turn_can_be_cancelled(tiny: Generator) -> None:
+def test_a_task_waiting_its_turn_can_be_cancelled(tiny: Generator, watched: WatchedLock) -> None:
+    expected = tiny.generate_with_config("the", GREEDY_2)
+
     async def main() -> None:
         holder = tiny.stream_with_config("the", GenerationOverrides(max_tokens=5))  # this thread holds it
-        waiter = asyncio.create_task(tiny.agenerate_with_config("the", GenerationOverrides(max_tokens=2)))
-        await asyncio.sleep(0.2)
+        waiter = asyncio.create_task(tiny.agenerate_with_config("the", GREEDY_2))
+        assert await asyncio.to_thread(watched.contended.wait, HANG_GUARD_S)  # its worker waits its turn
         assert not waiter.done()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(waiter, 5)
+            await asyncio.wait_for(waiter, HANG_GUARD_S)
+        await asyncio.to_thread(join_async_workers)
+        assert watched.acquired == 2  # the call for `expected` and the holder: the waiter never got it
         holder.close()
-        await asyncio.wait_for(tiny.agenerate_with_config("the", GenerationOverrides(max_tokens=2)), 10)
+        assert await tiny.agenerate_with_config("the", GREEDY_2) == expected
 
     asyncio.run(main())
 

@@ -16,9 +16,9 @@ import pytest
 
 from kjarni.generator import GenerationOverrides, Generator
 from tests.test_api import make_tiny_model
+from tests.threads import HANG_GUARD_S, Gate, Worker, join
 
 GREEDY = GenerationOverrides(max_tokens=40, temperature=0.0)
-HANG_GUARD_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -26,59 +26,9 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-cancel"))
 
 
-class Gate:
-    """Wraps a model's forward: counts calls, and at call ``at`` signals ``reached`` and waits for ``go``."""
-
-    def __init__(self, generator: Generator, at: int) -> None:
-        self.calls = 0
-        self.at = at
-        self.reached = threading.Event()
-        self.go = threading.Event()
-        model = generator.decoder.model
-        forward = model.forward
-
-        def gated(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.at:
-                self.reached.set()
-                assert self.go.wait(HANG_GUARD_S)
-            return forward(*args, **kwargs)
-
-        model.forward = gated  # type: ignore[method-assign]
-
-
 @pytest.fixture
 def generator(tiny_dir: Path) -> Generator:
     return Generator.builder().model_path(tiny_dir).cpu().quiet().build()
-
-
-class Worker(threading.Thread):
-    """Runs ``target`` in a thread; ``join()`` re-raises what it raised and returns its result."""
-
-    def __init__(self, target: Any) -> None:
-        super().__init__(daemon=True)
-        self._target_fn = target
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self._target_fn()
-        except BaseException as error:  # noqa: BLE001 - re-raised by join
-            self.error = error
-
-    def join(self, timeout: float | None = HANG_GUARD_S) -> Any:  # type: ignore[override]
-        super().join(timeout)
-        assert not self.is_alive(), "the thread hung"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def join(thread: threading.Thread) -> None:
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive(), "the thread hung"
 
 
 def test_cancel_from_another_thread_stops_generate_after_the_current_step(generator: Generator) -> None:
