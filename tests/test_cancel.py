@@ -19,6 +19,7 @@ from tests.test_api import make_tiny_model
 from tests.threads import HANG_GUARD_S, Gate, Worker, join
 
 GREEDY = GenerationOverrides(max_tokens=40, temperature=0.0)
+GREEDY_3 = GenerationOverrides(max_tokens=3, temperature=0.0)  # "served": the same text as an undisturbed call
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,7 @@ def test_cancel_stops_an_async_stream(generator: Generator) -> None:
 
 
 def test_close_from_another_thread_while_a_step_runs_does_not_raise(generator: Generator) -> None:
+    expected = generator.generate_with_config("the", GREEDY_3)
     stream = generator.stream_with_config("the", GREEDY)
     gate = Gate(generator, at=3)
     consumer = Worker(lambda: list(stream))
@@ -92,10 +94,11 @@ def test_close_from_another_thread_while_a_step_runs_does_not_raise(generator: G
     assert len(consumer.join()) == 3  # the running step finished, then the stream ended
     assert stream.finish_reason == "cancelled"
     assert gate.calls == 3
-    assert generator.generate_with_config("the", GenerationOverrides(max_tokens=2)) != ""
+    assert generator.generate_with_config("the", GREEDY_3) == expected
 
 
 def test_a_stream_left_open_by_an_exited_thread_releases_the_generator(generator: Generator) -> None:
+    expected = generator.generate_with_config("the", GREEDY)
     kept: list[Any] = []  # keeps the stream alive: only the thread's exit can free it
 
     def open_and_leave() -> None:
@@ -108,27 +111,27 @@ def test_a_stream_left_open_by_an_exited_thread_releases_the_generator(generator
         thread.start()
         join(thread)
     worker = Worker(lambda: generator.generate_with_config("the", GREEDY))
-    assert len(worker.join()) > 0
+    assert worker.join() == expected
     assert len(kept) == 3
     assert all(list(stream) == [] for stream in kept)  # each was closed when its thread exited
 
 
 def test_a_garbage_collected_stream_releases_the_generator(generator: Generator) -> None:
+    expected = generator.generate_with_config("the", GREEDY_3)
     stream = generator.stream_with_config("the", GREEDY)
     next(stream)
     del stream
     gc.collect()
-    worker = Worker(lambda: generator.generate_with_config("the", GenerationOverrides(max_tokens=3)))
-    assert len(worker.join()) > 0
+    assert Worker(lambda: generator.generate_with_config("the", GREEDY_3)).join() == expected
 
 
 def test_breaking_out_of_a_named_stream_frees_the_generator(generator: Generator) -> None:
+    expected = generator.generate_with_config("the", GREEDY_3)
     stream = generator.stream_with_config("the", GREEDY)
     for count, _ in enumerate(stream, start=1):
         if count == 2:
             break
     # Same thread: no "already has an open stream" error; another thread: not blocked.
-    assert generator.generate_with_config("the", GenerationOverrides(max_tokens=3)) != ""
-    worker = Worker(lambda: generator.generate_with_config("the", GenerationOverrides(max_tokens=3)))
-    assert worker.join() != ""
+    assert generator.generate_with_config("the", GREEDY_3) == expected
+    assert Worker(lambda: generator.generate_with_config("the", GREEDY_3)).join() == expected
     assert list(stream) == []  # the loop's exit closed it
