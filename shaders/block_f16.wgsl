@@ -18,8 +18,20 @@ fn unit_col(u: u32, k: u32) -> u32 {
     return 8u * u + 4u * k;
 }
 
-// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): unit c8.
+// Values 8 c8 .. 8 c8 + 7 of a row: load_w8, split for the prefill matmul into fetch_w8 (the
+// loads: 4 f16 pairs) and finish_w8 (the conversion), so that its loads stay in flight through a
+// step and are converted only when stored at the next.
+alias WRaw = vec4<u32>;
+
+fn fetch_w8(row: u32, c8: u32) -> WRaw {
+    return w_a[row * ((params.cols + 7u) / 8u) + c8];
+}
+
+fn finish_w8(q: WRaw) -> W8 {
+    return W8(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)),
+              vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)));
+}
+
 fn load_w8(row: u32, c8: u32) -> W8 {
-    let v = unit_values(row, c8);
-    return W8(v[0], v[1]);
+    return finish_w8(fetch_w8(row, c8));
 }

@@ -23,8 +23,24 @@ fn unit_col(u: u32, k: u32) -> u32 {
     return 8u * u + 4u * k;
 }
 
-// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): unit c8.
+// Values 8 c8 .. 8 c8 + 7 of a row (unit c8): load_w8, split for the prefill matmul into
+// fetch_w8 (the loads: two words of 4 int8 quants, the word holding the block's f16 scale pair,
+// which half of it is the scale) and finish_w8 (the scaling), so that its loads stay in flight
+// through a step and are converted only when stored at the next.
+alias WRaw = vec4<u32>;
+
+fn fetch_w8(row: u32, c8: u32) -> WRaw {
+    let nb = params.cols / 32u;
+    let a = row * (nb * 8u) + 2u * c8;
+    let blk = c8 / 4u;
+    return vec4<u32>(w_a[a], w_a[a + 1u], w_b[row * ((nb + 1u) / 2u) + blk / 2u], blk & 1u);
+}
+
+fn finish_w8(q: WRaw) -> W8 {
+    let d = unpack2x16float(q.z)[q.w];
+    return W8(vec4<f32>(unpack4xI8(q.x)) * d, vec4<f32>(unpack4xI8(q.y)) * d);
+}
+
 fn load_w8(row: u32, c8: u32) -> W8 {
-    let v = unit_values(row, c8);
-    return W8(v[0], v[1]);
+    return finish_w8(fetch_w8(row, c8));
 }

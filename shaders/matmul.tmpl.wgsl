@@ -1,7 +1,9 @@
 // matmul.tmpl.wgsl: the register-tiled prefill matmul for every weight format. kjarni/gpu/kernels.py
 // renders it per format (`kernels.template("matmul", format)`): {{BLOCK}} is the format's block
 // decoder (kernels.BLOCKS: block_<format>.wgsl, which declares w_a / w_b and defines
-// `load_w8(row, c8)`, weights 8 c8 .. 8 c8 + 7 of a row dequantized to f32).
+// `load_w8(row, c8)`, weights 8 c8 .. 8 c8 + 7 of a row dequantized to f32, and for f16 and Q8_0
+// its split into `fetch_w8(row, c8) -> WRaw` (the loads) and `finish_w8(raw) -> W8`); the other
+// formats get the pair from load_w8 through matmul_w_direct.wgsl (the W8 field).
 //
 // Bindings and Params: the linear family (docs/gpu-kernels.md): params, x [tokens, cols], w_a, w_b,
 // bias, residual, norm_weight, y [tokens, y_stride].
@@ -15,8 +17,8 @@
 //   K goes BK columns per step (override, TN / 2 or TN, at most min(TM, TN)) through workgroup
 //   memory (x and W as f32, [k][token|row]). Every thread loads one column of 8 BK / TN rows of x
 //   (consecutive threads, consecutive columns: see XRaw), the first BN BK / 8 threads one 8-column
-//   chunk of a row of W each (load_w8: dequantized as it loads); the next step's loads are issued
-//   into registers while the current step computes, x converted (norm, silu) only when stored at
+//   chunk of a row of W each; the next step's loads are issued into registers while the current
+//   step computes and converted (norm, silu, dequantization of f16 / Q8_0) only when stored at
 //   the next step (two barriers per step). With NBUF = 2 (override) each group has two tiles:
 //   step s computes from one while step s + 1, loaded during step s - 1, is stored into the other
 //   and step s + 2's loads are issued: one barrier per step. Workgroup memory: NBUF KSPLIT 4 BK
@@ -40,6 +42,7 @@
 
 // #include linear_params.wgsl
 // #include {{BLOCK}}.wgsl
+{{W8}}
 
 override TM: u32 = 16u;     // threads along tokens: tile BM = 8 TM tokens
 override TN: u32 = 16u;     // threads along rows: tile BN = 8 TN rows
@@ -144,16 +147,16 @@ fn store_w(t0: u32, k: u32, p: u32, v: W8) {
 // A thread's loads of the step whose group columns start at kn (zeros past kend).
 struct Loads {
     x: XRaw,
-    w: W8,
+    w: WRaw,
 }
 
 fn fetch_step(kn: u32, kend: u32, m0: u32, ts: u32, lxk: u32, lxp: u32, load_w: bool, lwk: u32, lr: u32) -> Loads {
-    var r = Loads(XRaw(), W8());
+    var r = Loads(XRaw(), WRaw());
     if (kn + lxk < kend) {
         r.x = fetch_x(m0 + lxp, ts, kn + lxk);
     }
     if (load_w && kn + lwk < kend) {
-        r.w = load_w8(lr, (kn + lwk) / 8u);
+        r.w = fetch_w8(lr, (kn + lwk) / 8u);
     }
     return r;
 }
@@ -234,7 +237,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (NBUF == 2u) {  // step 0 into buffer 0, step 1 in flight
         store_x(tx0, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
         if (load_w) {
-            store_w(tw0, lwk, lwp, next.w);
+            store_w(tw0, lwk, lwp, finish_w8(next.w));
         }
         next = fetch_step(kbeg + kstep + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
         workgroupBarrier();
@@ -258,7 +261,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();  // the previous step's reads are done
             store_x(tx0, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
             if (load_w) {
-                store_w(tw0, lwk, lwp, next.w);
+                store_w(tw0, lwk, lwp, finish_w8(next.w));
             }
             workgroupBarrier();
             // Next step's chunks: in flight while this step computes (no arithmetic on x before
@@ -271,7 +274,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let ow = tw0 + ((s + 1u) % 2u) * BK * sw;
             store_x(ox, lxk, lxp, ts, finish_x(next.x, &ssa, &ssb));
             if (load_w) {
-                store_w(ow, lwk, lwp, next.w);
+                store_w(ow, lwk, lwp, finish_w8(next.w));
             }
             next = fetch_step(k0 + 2u * kstep + g * BK, kend, m0, ts, lxk, lxp, load_w, lwk, lr);
         }

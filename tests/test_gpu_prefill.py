@@ -101,6 +101,8 @@ def test_tile_configurations_fit_the_devices_workgroup_memory(wgpu_context, monk
     from kjarni.gpu.ops import matmul_workgroup_bytes
 
     ops = WgpuOps(wgpu_context)
+    assert ops.matmul_config(9728, 512, 896) == (8, 16, 8, 1, 1)  # a measured shape: its table entry
+    ops.matmul_configs = {}  # the rules
     assert matmul_workgroup_bytes(16, 16, 16, 2) == 33280 and matmul_workgroup_bytes(8, 16, 8, 4) == 25088
     assert matmul_workgroup_bytes(8, 16, 8, 2, 2) == 25088
     monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 48 << 10)

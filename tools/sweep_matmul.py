@@ -90,7 +90,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 # Diagnostic kernels (--probe; wrong results, timing only): the step loop without its global loads
 # (workgroup memory refilled from stale registers), and also without its two barriers.
-_LOADS = (("r.x = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("r.w = load_w8(lr, (kn + lwk) / 8u);", ""))
+_LOADS = (("r.x = fetch_x(m0 + lxp, ts, kn + lxk);", ""), ("r.w = fetch_w8(lr, (kn + lwk) / 8u);", ""))
 _BARRIERS = (("workgroupBarrier();  // the previous step's reads are done", ""),
              ("workgroupBarrier();\n            // Next step's", "// Next step's"))
 PROBES = {"noload": _LOADS, "noload_nobarrier": _LOADS + _BARRIERS}

@@ -57,7 +57,10 @@ by the linear, matmul and embed kernels of that format."""
 
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
-    "matmul": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
+    # decoder); the others' load_w8 is used whole (matmul_w_direct.wgsl).
+    "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}
+               for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""

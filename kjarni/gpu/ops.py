@@ -244,7 +244,7 @@ class WgpuOps:
     # Prefill matmul tiles (matmul.tmpl.wgsl; chosen from tools/sweep_matmul.py on the H200):
     # 128x128 (K split over 2 thread groups) from this many such tiles, else 64 tokens x 128 rows.
     matmul_min_big_tiles = 1024
-    matmul_split_k_below = 2048  # fewer 64x128 tiles than this: 4 thread groups split K in each
+    matmul_split_k_below = 512  # fewer 64x128 tiles than this: 4 thread groups split K in each
     # Prefill products split over K across workgroups too (grid z, summed by matmul_reduce): None
     # = automatic (products with fewer than matmul_split_tiles tiles get about that many
     # workgroups, at most matmul_max_splits per tile), or an int; never with a fused norm.
@@ -253,8 +253,19 @@ class WgpuOps:
     matmul_max_splits = 6
     matmul_nbuf = 1  # 2: double-buffered tiles (one barrier a K step) where workgroup memory allows
     # Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
-    # overriding the rules above (S = 1 where a fused norm forbids the split).
-    matmul_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int, int]]] = {}
+    # overriding the rules above (S = 1 where a fused norm forbids the split). Defaults: the H200
+    # sweep's fastest on Qwen2.5-0.5B's and 1.5B's products at 512 tokens, f16 (docs/benchmarks.md,
+    # fifth session), used for every format and token count of those shapes.
+    matmul_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int, int]]] = {
+        (1152, 896): (8, 16, 8, 4, 1, 1),  # 0.5B qkv (fused norm)
+        (896, 896): (8, 16, 8, 4, 1, 2),  # 0.5B o_proj
+        (9728, 896): (8, 16, 8, 1, 1, 1),  # 0.5B gate_up (fused norm)
+        (896, 4864): (16, 16, 16, 1, 2, 4),  # 0.5B down_proj
+        (2048, 1536): (8, 8, 8, 2, 2, 1),  # 1.5B qkv
+        (1536, 1536): (8, 16, 8, 4, 1, 4),  # 1.5B o_proj
+        (17920, 1536): (8, 16, 8, 1, 2, 1),  # 1.5B gate_up
+        (1536, 8960): (8, 16, 8, 4, 1, 4),  # 1.5B down_proj
+    }
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
