@@ -11,7 +11,7 @@ pre-norm decoder block, at the granularity where a GPU wants to fuse them:
     h    = norm_linear(x, post_norm, eps, gate_up_weight)
     x    = linear(silu_mul(h), down_weight, residual=x)
 
-GPT-2 style blocks use the LayerNorm pieces instead (gpt2.py):
+GPT-2 style blocks use the LayerNorm pieces instead (models/gpt2.py):
 
     x    = add(embed(wte, ids), embed(wpe, positions))           # learned absolute positions
     qkv  = linear(layer_norm(x, ln_1_weight, ln_1_bias, eps), c_attn_weight, c_attn_bias)
@@ -71,7 +71,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from kjarni.weights import QuantTensor
+from kjarni.tensors import QuantTensor
 
 Activation = Any
 """A backend's activation handle, shape ``[tokens, features]``."""

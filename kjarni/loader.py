@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kjarni.model_config import SUPPORTED_MODEL_TYPES, GenerationDefaults, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
-from kjarni.gpt2 import GPT2Model
 from kjarni.model import DecoderModel
+from kjarni.model_config import GenerationDefaults, ModelConfig
+from kjarni.models import ARCHITECTURES, supported
+from kjarni.models.gpt2 import GPT2Model
 from kjarni.numpy_ops import NumpyOps
 from kjarni.progress import Progress
 from kjarni.backend import Ops
@@ -36,22 +37,14 @@ class LoadedModel:
     model: DecoderModel | GPT2Model
 
 
-# config.model_type -> the forward that runs it.
-FORWARDS: dict[str, type] = {
-    "llama": DecoderModel, "mistral": DecoderModel, "qwen2": DecoderModel, "phi3": DecoderModel,
-    "gpt2": GPT2Model,
-}
-
-
 def build_model(config: ModelConfig, weights: Weights, ops: Ops) -> DecoderModel | GPT2Model:
-    """The forward for ``config.model_type`` with ``weights`` uploaded to ``ops``."""
-    forward = FORWARDS.get(config.model_type)
-    if forward is None:
+    """The forward of ``config.model_type``'s family (kjarni/models/) with ``weights`` uploaded to ``ops``."""
+    family = ARCHITECTURES.get(config.model_type)
+    if family is None:
         raise InvalidModelError(
-            f"{config.source}: architecture {config.model_type!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{config.source}: architecture {config.model_type!r} is not supported; supported: {supported()}"
         )
-    return forward(config, weights, ops)
+    return family.forward(config, weights, ops)
 
 
 def find_model_file(path: Path, prefer: str = "safetensors") -> Path:

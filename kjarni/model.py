@@ -1,10 +1,12 @@
-"""The decoder forward pass (Llama, Qwen2, Mistral, Phi-3), written once against the `Ops` contract.
+"""The decoder forward pass, written once against the `Ops` contract: pre-norm blocks of RMSNorm,
+RoPE attention (grouped-query, optional q/k/v biases and sliding window) and a gated MLP.
 
-Qwen2 is Llama with q/k/v biases; Mistral is Llama with a sliding attention window; Phi-3 is Llama
-whose checkpoints store q/k/v and gate/up already fused (``qkv_proj``, ``gate_up_proj``), with
-LongRoPE scaling and possibly partial rotary. Weights are uploaded once, with q/k/v fused into one
-matrix and gate/up into another, so a block is six backend calls. RoPE frequency scaling (linear,
-llama3, longrope) is applied once, when the tables are built. GPT-2 has its own forward (gpt2.py).
+What a family changes is given, not looked up: the config (biases, window, RoPE scaling), the
+tensors present (q/k/v and gate/up stored fused or apart), and the MLP's input projections and
+activation (``mlp_inputs``, ``mlp_activation``; SwiGLU by default), which a family's module
+(kjarni/models/) binds. Weights are uploaded once, with q/k/v fused into one matrix and the MLP's
+inputs into another, so a block is six backend calls. RoPE frequency scaling (linear, llama3,
+longrope) is applied once, when the tables are built.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kjarni.model_config import ModelConfig
-from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
-from kjarni.backend import Activation, DeviceTokens, KVCache, Ops, Weight
-from kjarni.weights import Weights
+from typing import TYPE_CHECKING, Callable
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "phi3")
+from kjarni.backend import Activation, DeviceTokens, KVCache, Ops, Weight
+from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
+
+if TYPE_CHECKING:
+    from kjarni.model_config import ModelConfig
+    from kjarni.weights import Weights
+
+
+def swiglu(ops: Ops, gate_up: Activation) -> Activation:
+    """The SwiGLU MLP's activation: ``silu(gate) * up`` over ``[gate | up]``."""
+    return ops.silu_mul(gate_up)
 
 
 @dataclass
@@ -110,12 +119,14 @@ class DecoderModel:
     writing keys and values at ``kv_cache.offset`` and advancing it.
     """
 
-    def __init__(self, config: ModelConfig, weights: Weights, ops: Ops) -> None:
-        if config.model_type not in SUPPORTED_ARCHITECTURES:
-            raise InvalidModelError(
-                f"architecture {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+    def __init__(
+        self, config: ModelConfig, weights: Weights, ops: Ops, *,
+        mlp_inputs: tuple[str, ...] = ("gate_proj", "up_proj"),
+        mlp_activation: Callable[[Ops, Activation], Activation] = swiglu,
+    ) -> None:
         self.config = config
+        self.mlp_inputs = mlp_inputs
+        self.mlp_activation = mlp_activation
         self.ops = ops
         self.context_size = config.max_position_embeddings
         self.windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
@@ -139,13 +150,13 @@ class DecoderModel:
     def _upload_block(self, weights: Weights, i: int) -> _Block:
         ops, p = self.ops, f"model.layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        # Phi-3 checkpoints store the fusions themselves; the others are fused here.
+        # Some checkpoints store the fusions themselves (qkv_proj, gate_up_proj); the others are fused here.
         fused = attn + "qkv_proj.weight" in weights
         qkv_names = [attn + "qkv_proj.weight"] if fused else [attn + f"{n}_proj.weight" for n in "qkv"]
         bias_names = [attn + "qkv_proj.bias"] if fused else [attn + f"{n}_proj.bias" for n in "qkv"]
         has_bias = all(name in weights for name in bias_names)
         gate_up_names = [mlp + "gate_up_proj.weight"] if mlp + "gate_up_proj.weight" in weights else [
-            mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+            mlp + f"{name}.weight" for name in self.mlp_inputs]
         return _Block(
             input_norm=ops.weight(weights.raw(p + "input_layernorm.weight"), name=p + "input_layernorm.weight"),
             qkv=ops.weight([weights.raw(n) for n in qkv_names], name=attn + "qkv_proj.weight"),
@@ -187,7 +198,7 @@ class DecoderModel:
             attn = ops.attention(q, kv_cache, i, start, self.windows[i])
             x = ops.linear(attn, block.o_proj, residual=x)
             gate_up = ops.norm_linear(x, block.post_norm, eps, block.gate_up)
-            x = ops.linear(ops.silu_mul(gate_up), block.down_proj, residual=x)
+            x = ops.linear(self.mlp_activation(ops, gate_up), block.down_proj, residual=x)
         kv_cache.offset = start + tokens
         if logits == "last":
             x = ops.rows(x, tokens - 1, 1)

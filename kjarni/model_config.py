@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from kjarni.errors import InvalidModelError, LoadFailedError
-
-# config.json `model_type`s with a forward: the SwiGLU/RoPE family (model.py), then GPT-2 (gpt2.py).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "phi3", "gpt2")
+from kjarni.models import ARCHITECTURES, find_architecture, supported
+from kjarni.models.architecture import SWIGLU_ACTIVATIONS
 
 # rope_scaling types the RoPE tables implement (model.rope_table); "su" is Phi-3's old name of longrope.
 # "freq_factors" is llama.cpp's form of llama3 scaling in GGUF files: a `rope_freqs` tensor of
@@ -30,17 +29,6 @@ _ROPE_REQUIRED = {
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 
-# hidden_act values per family: SwiGLU MLPs gate with silu; GPT-2 uses the tanh GELU (ops.gelu).
-_ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")}
-_SWIGLU_ACTIVATIONS = ("silu", "swish")
-
-# GPT-2's config.json names -> the names ModelConfig uses for the same thing.
-_GPT2_KEYS = {
-    "n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
-    "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
-    "activation_function": "hidden_act",
-}
-
 # Encoders and encoder-decoders people are likely to point us at; anything whose `architectures`
 # do not end in ForCausalLM is refused the same way.
 _NOT_DECODERS = frozenset({
@@ -48,13 +36,6 @@ _NOT_DECODERS = frozenset({
     "mpnet", "camembert", "modernbert", "nomic_bert", "t5", "mt5", "umt5", "bart", "mbart",
     "pegasus", "marian", "whisper", "encoder-decoder", "longt5", "led", "clip", "vit",
 })
-
-# GGUF architectures whose attn_q/attn_k rows llama.cpp's converter permuted (see weights.py).
-GGUF_PERMUTED_ARCHS = frozenset({"llama", "mistral"})
-
-
-def _supported_list() -> str:
-    return ", ".join(SUPPORTED_MODEL_TYPES)
 
 
 def _eos_tuple(value: Any, source: str) -> tuple[int, ...]:
@@ -83,16 +64,16 @@ class ModelConfig:
 
     `head_dim` defaults to ``hidden_size // num_attention_heads``; `num_key_value_groups` (query heads
     per KV head) is derived. `eos_token_id` is always a tuple of ints (possibly empty).
-    `attention_bias` is True for qwen2 (q/k/v biases); `sliding_window` is None unless the model
-    really uses one, and then applies to layers ``max_window_layers ..`` (Qwen2; 0 for every other
-    family: all layers), see `layer_window`.
+    `attention_bias` is True where the model has q/k/v biases; `sliding_window` is None unless the
+    model really uses one, and then applies to layers ``max_window_layers ..`` (0 unless its family
+    says otherwise: all layers), see `layer_window`.
 
     `rope_scaling` is normalized: None for plain RoPE, else a dict with ``rope_type`` one of
     ``ROPE_SCALING_TYPES`` and that type's keys (``original_max_position_embeddings`` included for
-    llama3 and longrope, taken from the top level of the config as Phi-3 stores it).
-    `partial_rotary_factor` < 1 rotates only the first ``rotary_dim`` dims of each head (Phi-4-mini).
-    GPT-2's config names are translated (``n_embd`` -> `hidden_size`, ...); `layer_norm_epsilon`
-    is its LayerNorm epsilon.
+    llama3 and longrope, also taken from the top level of the config where a family stores it there).
+    `partial_rotary_factor` < 1 rotates only the first ``rotary_dim`` dims of each head.
+    A family's own config names are translated by its module (kjarni/models/); `layer_norm_epsilon`
+    is the epsilon of LayerNorm families.
     """
 
     model_type: str
@@ -165,7 +146,8 @@ class ModelConfig:
                 f"{src}: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads}); the config is inconsistent"
             )
-        if self.model_type != "gpt2" and (self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1):
+        family = ARCHITECTURES.get(self.model_type)
+        if (family is None or family.rotary) and (self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1):
             raise LoadFailedError(
                 f"{src}: head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} gives "
                 f"{self.rotary_dim} rotary dims; rotary embeddings need an even number between 2 and head_dim"
@@ -179,7 +161,7 @@ class ModelConfig:
             )
         self.rms_norm_eps = float(self.rms_norm_eps)
         self.rope_theta = float(self.rope_theta)
-        allowed = _ACTIVATIONS.get(self.model_type, _SWIGLU_ACTIVATIONS)
+        allowed = family.activations if family is not None else SWIGLU_ACTIVATIONS
         if self.hidden_act not in allowed:
             raise InvalidModelError(
                 f"{src}: hidden_act {self.hidden_act!r} is not supported for {self.model_type} "
@@ -227,15 +209,9 @@ class ModelConfig:
             what = model_type or ", ".join(architectures) or "unknown"
             raise InvalidModelError(
                 f"{source}: {what} ({', '.join(architectures) or 'no architectures listed'}) is not a decoder "
-                f"language model; kjarni only runs decoder-only causal LMs: {_supported_list()}"
+                f"language model; kjarni only runs decoder-only causal LMs: {supported()}"
             )
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise InvalidModelError(
-                f"{source}: architecture {model_type or '(no model_type)'!s} is not supported; "
-                f"supported: {_supported_list()}"
-            )
-        if model_type == "gpt2":
-            d = _gpt2_names(d, source)
+        d = find_architecture(model_type, source).config_json(d, source)
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
         missing = [k for k in required if d.get(k) is None]
         if missing:
@@ -243,16 +219,6 @@ class ModelConfig:
 
         names = {f.name for f in dataclasses.fields(cls)} - {"source"}
         kwargs = {k: v for k, v in d.items() if k in names and v is not None}
-        if model_type == "qwen2":
-            # Qwen2 is llama plus q/k/v biases; its config has no attention_bias key. Its window, when
-            # enabled, applies from layer max_window_layers on (transformers' layer_types).
-            kwargs["attention_bias"] = True
-            kwargs["sliding_window"] = d.get("sliding_window") if d.get("use_sliding_window") else None
-            kwargs["max_window_layers"] = int(d.get("max_window_layers") or 0) if kwargs["sliding_window"] else 0
-        elif model_type in ("llama", "gpt2"):
-            kwargs["sliding_window"] = None
-        if model_type != "qwen2":
-            kwargs.pop("max_window_layers", None)
         kwargs.update(_rope_settings(d, source))
         kwargs["attention_bias"] = bool(kwargs.get("attention_bias", False))
         kwargs["tie_word_embeddings"] = bool(kwargs.get("tie_word_embeddings", False))
@@ -282,10 +248,9 @@ class ModelConfig:
         if arch in _NOT_DECODERS:
             raise InvalidModelError(
                 f"{source}: {arch} is not a decoder language model; kjarni only runs decoder-only causal LMs: "
-                f"{_supported_list()}"
+                f"{supported()}"
             )
-        if arch not in SUPPORTED_MODEL_TYPES:
-            raise InvalidModelError(f"{source}: architecture {arch} is not supported; supported: {_supported_list()}")
+        family = find_architecture(arch, source)
 
         tensor_shapes = {t.name: tuple(int(x) for x in t.shape) for t in reader.tensors}
         hidden = meta.count(f"{arch}.embedding_length")
@@ -333,16 +298,14 @@ class ModelConfig:
             "rope_theta": _f32_round(theta) if theta is not None else 10000.0,
             "rope_scaling": rope_scaling,
             "tie_word_embeddings": "output.weight" not in tensor_shapes,
-            "attention_bias": arch == "qwen2" or "blk.0.attn_q.bias" in tensor_shapes,
-            "sliding_window": meta.get(f"{arch}.attention.sliding_window") if arch != "llama" else None,
+            "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
+            "sliding_window": meta.get(f"{arch}.attention.sliding_window"),
             "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-            "hidden_act": "gelu_new" if arch == "gpt2" else "silu",
-            "partial_rotary_factor": rope_dims / head_dim if rope_dims and arch != "gpt2" else None,
+            "hidden_act": "silu",
+            "partial_rotary_factor": rope_dims / head_dim if rope_dims else None,
         }
-        if arch == "gpt2":
-            ln_eps = meta.get("gpt2.attention.layer_norm_epsilon")
-            d["layer_norm_epsilon"] = _f32_round(ln_eps) if ln_eps is not None else 1e-5
+        d = family.gguf_config(d, meta, tensor_shapes)
         kwargs = {k: v for k, v in d.items() if v is not None}
         for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "max_position_embeddings", "bos_token_id", "sliding_window"):
@@ -393,24 +356,6 @@ def _gguf_rope_tensors(reader: Any, meta: _GgufMeta, arch: str) -> dict[str, Any
     if "rope_freqs.weight" in tensors:
         return {"rope_type": "freq_factors", "factors": values("rope_freqs.weight")}
     return None
-
-
-def _gpt2_names(d: dict[str, Any], source: str) -> dict[str, Any]:
-    """A GPT-2 config.json under the names ModelConfig uses (n_embd -> hidden_size, ...)."""
-    if d.get("scale_attn_by_inverse_layer_idx") or d.get("scale_attn_weights") is False:
-        raise InvalidModelError(
-            f"{source}: GPT-2 attention scaling variants (scale_attn_by_inverse_layer_idx, scale_attn_weights=false) "
-            "are not supported; kjarni runs GPT-2 attention scaled by 1/sqrt(head_dim)"
-        )
-    out = {k: v for k, v in d.items() if k not in _GPT2_KEYS}
-    for old, new in _GPT2_KEYS.items():
-        if d.get(old) is not None:
-            out[new] = d[old]
-    if out.get("intermediate_size") is None and isinstance(out.get("hidden_size"), int):
-        out["intermediate_size"] = 4 * out["hidden_size"]  # n_inner: null means 4 x n_embd
-    out.setdefault("tie_word_embeddings", True)  # GPT2Config's default; hub configs omit the key
-    out.setdefault("hidden_act", "gelu_new")
-    return out
 
 
 def _rope_settings(d: dict[str, Any], source: str) -> dict[str, Any]:

@@ -5,10 +5,10 @@ data), memory-mapped, because the safetensors numpy API cannot hand back bf16 an
 precise errors for truncated files. GGUF files go through `gguf.GGUFReader`; quantized tensors stay
 as stored blocks (`QuantTensor`) and are dequantized only when `Weights.f32` asks.
 
-Format quirks are fixed here, once: GGUF names map to HF names through one literal table, llama
-GGUFs get their q/k rows un-permuted, GPT-2's Conv1D matrices (stored ``[in, out]``) are transposed
-to the Linear layout ``[out, in]`` under ``transformer.``-prefixed names, and a missing
-`lm_head.weight` aliases the embedding.
+Format quirks are fixed here, once, as each family's module (kjarni/models/) declares them: GGUF
+names map to HF names through one literal table plus the family's overrides, GGUFs whose converter
+permuted the q/k rows get them un-permuted, a family's ``sanitize`` fixes its safetensors (GPT-2's
+Conv1D matrices), and a missing `lm_head.weight` aliases the family's embedding.
 """
 
 from __future__ import annotations
@@ -19,70 +19,19 @@ import math
 import re
 import weakref
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import gguf
 import numpy as np
 
-from kjarni.model_config import GGUF_PERMUTED_ARCHS, ModelConfig
 from kjarni.errors import InvalidModelError, LoadFailedError
+from kjarni.models import ARCHITECTURES, find_architecture
+from kjarni.tensors import SUPPORTED_GGML_TYPES, GGMLType, QuantTensor, bf16_to_f32
 
-GGMLType = gguf.GGMLQuantizationType
+if TYPE_CHECKING:
+    from kjarni.model_config import ModelConfig
 
 # ================================================================ tensors
-
-
-def _dequantizable_types() -> frozenset:
-    traits = getattr(gguf.quants, "_type_traits", None)  # gguf's registry of numpy dequantizers
-    if traits is None:  # a future gguf without the registry: trust its documented set
-        names = ("BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ2_XXS IQ2_XS IQ2_S IQ3_XXS "
-                 "IQ3_S IQ1_S IQ1_M IQ4_NL IQ4_XS").split()
-        return frozenset(GGMLType[n] for n in names if n in GGMLType.__members__)
-    return frozenset(traits)
-
-
-# GGUF tensor types kjarni loads: plain floats plus everything gguf.quants can dequantize.
-SUPPORTED_GGML_TYPES: frozenset = frozenset({GGMLType.F32, GGMLType.F16}) | _dequantizable_types()
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class QuantTensor:
-    """A GGUF tensor kept as stored blocks.
-
-    `shape` is the HF layout, `(out_features, in_features)` for a matrix; `data` is `np.uint8`
-    `[rows, bytes_per_row]` with rows already in HF order (llama q/k permutation undone).
-    """
-
-    ggml_type: GGMLType
-    shape: tuple[int, ...]
-    data: np.ndarray
-
-    @property
-    def block_size(self) -> int:
-        """Weights per quantization block (32 for Q4_0..Q8_0, 256 for K-quants)."""
-        return gguf.GGML_QUANT_SIZES[self.ggml_type][0]
-
-    @property
-    def type_size(self) -> int:
-        """Bytes per quantization block."""
-        return gguf.GGML_QUANT_SIZES[self.ggml_type][1]
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
-
-    def dequantize(self) -> np.ndarray:
-        """The tensor as float32 in `shape`."""
-        values = gguf.quants.dequantize(self.data, self.ggml_type)
-        return values.astype(np.float32, copy=False).reshape(self.shape)
-
-    def __repr__(self) -> str:
-        return f"QuantTensor({self.ggml_type.name}, shape={self.shape}, {self.nbytes} bytes)"
-
-
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) to float32, exactly: bf16 is the top half of an f32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 class Weights:
@@ -202,61 +151,8 @@ def load_weights(path: str | Path) -> Weights:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a decoder of this config needs, with its HF-layout shape."""
-    if config.model_type == "gpt2":
-        return _gpt2_shapes(config)
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-        "lm_head.weight": (config.vocab_size, hidden),
-    }
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (hidden,)
-        if config.model_type == "phi3":  # stored fused
-            shapes[p + "self_attn.qkv_proj.weight"] = (config.q_size + 2 * config.kv_size, hidden)
-        else:
-            shapes[p + "self_attn.q_proj.weight"] = (config.q_size, hidden)
-            shapes[p + "self_attn.k_proj.weight"] = (config.kv_size, hidden)
-            shapes[p + "self_attn.v_proj.weight"] = (config.kv_size, hidden)
-        shapes[p + "self_attn.o_proj.weight"] = (hidden, config.q_size)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
-            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
-            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
-        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        if config.model_type == "phi3":
-            shapes[p + "mlp.gate_up_proj.weight"] = (2 * inter, hidden)
-        else:
-            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
-            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
-        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
-    return shapes
-
-
-def _gpt2_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "transformer.wte.weight": (config.vocab_size, hidden),
-        "transformer.wpe.weight": (config.max_position_embeddings, hidden),
-        "transformer.ln_f.weight": (hidden,),
-        "transformer.ln_f.bias": (hidden,),
-        "lm_head.weight": (config.vocab_size, hidden),
-    }
-    for i in range(config.num_hidden_layers):
-        p = f"transformer.h.{i}."
-        for norm in ("ln_1", "ln_2"):
-            shapes[p + norm + ".weight"] = shapes[p + norm + ".bias"] = (hidden,)
-        shapes[p + "attn.c_attn.weight"] = (3 * hidden, hidden)  # Linear layout after the load-time transpose
-        shapes[p + "attn.c_attn.bias"] = (3 * hidden,)
-        shapes[p + "attn.c_proj.weight"] = (hidden, hidden)
-        shapes[p + "attn.c_proj.bias"] = (hidden,)
-        shapes[p + "mlp.c_fc.weight"] = (inter, hidden)
-        shapes[p + "mlp.c_fc.bias"] = (inter,)
-        shapes[p + "mlp.c_proj.weight"] = (hidden, inter)
-        shapes[p + "mlp.c_proj.bias"] = (hidden,)
-    return shapes
+    """Every tensor a model of this config needs, with its HF-layout shape (its family's list)."""
+    return find_architecture(config.model_type, config.source).expected_shapes(config)
 
 
 def check_shapes(weights: Weights, config: ModelConfig) -> None:
@@ -265,7 +161,8 @@ def check_shapes(weights: Weights, config: ModelConfig) -> None:
     The layer count is checked against the layers the tensors hold first, so a config claiming
     2**32 layers is refused before a shape is computed for any of them.
     """
-    layers = {int(m.group(1)) for name in weights.names() if (m := _LAYER_NAME.match(name))}
+    layer_name = _layer_name()
+    layers = {int(m.group(1)) for name in weights.names() if (m := layer_name.match(name))}
     if len(layers) != config.num_hidden_layers or (layers and max(layers) != config.num_hidden_layers - 1):
         held = f"layers 0 .. {max(layers)}" if layers and max(layers) == len(layers) - 1 else f"{len(layers)} layers"
         raise LoadFailedError(
@@ -293,7 +190,10 @@ def check_shapes(weights: Weights, config: ModelConfig) -> None:
             )
 
 
-_LAYER_NAME = re.compile(r"(?:model\.layers|transformer\.h)\.(\d+)\.")
+def _layer_name() -> re.Pattern[str]:
+    """A tensor name's layer number, under any family's layer prefix (``model.layers.{}.``, ...)."""
+    prefixes = dict.fromkeys(re.escape(family.block_prefix.split("{}")[0]) for family in ARCHITECTURES.values())
+    return re.compile(rf"(?:{'|'.join(prefixes)})(\d+)\.")
 
 # ================================================================ safetensors
 
@@ -445,33 +345,18 @@ def _load_safetensors_folder(folder: Path) -> Weights:
 
 
 def _finish_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> Weights:
-    aliases = {}
-    if any(_GPT2_CONV1D.fullmatch(name) for name in tensors):
-        tensors = _gpt2_to_linear(tensors)
-    for embedding in ("model.embed_tokens.weight", "transformer.wte.weight"):
-        if "lm_head.weight" not in tensors and embedding in tensors:
-            aliases["lm_head.weight"] = embedding
-    return Weights(path, tensors, format="safetensors", aliases=aliases)
+    for family in ARCHITECTURES.values():  # each family fixes only its own checkpoints' tensors
+        if family.sanitize is not None:
+            tensors = family.sanitize(tensors)
+    return Weights(path, tensors, format="safetensors", aliases=_tied_head(tensors))
 
 
-# GPT-2 checkpoints: Conv1D weights ([in, out]) under names with or without the "transformer." prefix
-# (openai-community/gpt2 has none, save_pretrained writes it), plus causal-mask buffers in old files.
-_GPT2_CONV1D = re.compile(r"(?:transformer\.)?h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
-_GPT2_MASK_BUFFER = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")
-
-
-def _gpt2_to_linear(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """GPT-2 tensors under ``transformer.``-prefixed names with Conv1D matrices transposed to ``[out, in]``."""
-    out: dict[str, np.ndarray] = {}
-    for name, array in tensors.items():
-        if _GPT2_MASK_BUFFER.fullmatch(name):
-            continue  # the causal mask, not a weight
-        if _GPT2_CONV1D.fullmatch(name):
-            array = np.ascontiguousarray(array.T)  # one copy at load; kernels only know [out, in]
-            array.flags.writeable = False
-        canonical = name if name.startswith("transformer.") or name == "lm_head.weight" else "transformer." + name
-        out[canonical] = array
-    return out
+def _tied_head(tensors: dict[str, Any]) -> dict[str, str]:
+    """``lm_head.weight`` -> the token embedding, when the checkpoint has no head of its own."""
+    if "lm_head.weight" in tensors:
+        return {}
+    embedding = next((f.embedding for f in ARCHITECTURES.values() if f.embedding in tensors), None)
+    return {} if embedding is None else {"lm_head.weight": embedding}
 
 
 # ================================================================ GGUF
@@ -497,42 +382,21 @@ GGUF_BLOCK_TO_HF = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-# Architectures whose llama.cpp names mean other HF tensors: overrides of the two maps above.
-# GPT-2's converter already transposed the Conv1D matrices, so these are [out, in] as stored.
-GGUF_ARCH_TO_HF = {
-    "gpt2": {
-        "token_embd.weight": "transformer.wte.weight",
-        "position_embd.weight": "transformer.wpe.weight",
-        "output_norm.weight": "transformer.ln_f.weight",
-        "output_norm.bias": "transformer.ln_f.bias",
-    },
-}
-GGUF_ARCH_BLOCK_TO_HF = {
-    "gpt2": {
-        "attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias",
-        "attn_qkv.weight": "attn.c_attn.weight", "attn_qkv.bias": "attn.c_attn.bias",
-        "attn_output.weight": "attn.c_proj.weight", "attn_output.bias": "attn.c_proj.bias",
-        "ffn_norm.weight": "ln_2.weight", "ffn_norm.bias": "ln_2.bias",
-        "ffn_up.weight": "mlp.c_fc.weight", "ffn_up.bias": "mlp.c_fc.bias",
-        "ffn_down.weight": "mlp.c_proj.weight", "ffn_down.bias": "mlp.c_proj.bias",
-    },
-    # Phi-3 keeps its fusions: ffn_up is gate_up_proj (2 x intermediate rows, gate first).
-    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"},
-}
-_BLOCK_PREFIX = {"gpt2": "transformer.h.{}."}
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
-    """The HF name of a GGUF tensor of architecture ``arch``; names outside the maps are kept as they are."""
-    top = {**GGUF_TO_HF, **GGUF_ARCH_TO_HF.get(arch, {})}
+    """The HF name of a GGUF tensor of architecture ``arch`` (its family's overrides of the llama.cpp
+    maps above); names outside the maps are kept as they are."""
+    family = ARCHITECTURES.get(arch)
+    top = {**GGUF_TO_HF, **(family.gguf_names if family else {})}
     if gguf_name in top:
         return top[gguf_name]
     match = _BLOCK_NAME.fullmatch(gguf_name)
     if match:
-        block = {**GGUF_BLOCK_TO_HF, **GGUF_ARCH_BLOCK_TO_HF.get(arch, {})}
+        block = {**GGUF_BLOCK_TO_HF, **(family.gguf_block_names if family else {})}
         if match.group(2) in block:
-            prefix = _BLOCK_PREFIX.get(arch, "model.layers.{}.").format(match.group(1))
+            prefix = (family.block_prefix if family else "model.layers.{}.").format(match.group(1))
             return prefix + block[match.group(2)]
     return gguf_name
 
@@ -650,7 +514,7 @@ def _load_gguf(path: Path) -> Weights:
     n_head = meta(f"{arch}.attention.head_count", int)
     n_kv_head = meta(f"{arch}.attention.head_count_kv", int)
     n_kv_head = n_head if n_kv_head is None else n_kv_head
-    permuted = arch in GGUF_PERMUTED_ARCHS
+    permuted = arch in ARCHITECTURES and ARCHITECTURES[arch].gguf_permuted_qk
 
     tensors: dict[str, Any] = {}
     for t in reader.tensors:
@@ -694,14 +558,10 @@ def _load_gguf(path: Path) -> Weights:
             raise LoadFailedError(f"{path}: two tensors map to {name}; the file is corrupted")
         tensors[name] = value
 
-    aliases = {}
-    for embedding in ("model.embed_tokens.weight", "transformer.wte.weight"):
-        if "lm_head.weight" not in tensors and embedding in tensors:
-            aliases["lm_head.weight"] = embedding
-    return Weights(path, tensors, format="gguf", aliases=aliases, gguf_reader=reader)
+    return Weights(path, tensors, format="gguf", aliases=_tied_head(tensors), gguf_reader=reader)
 
 
 __all__ = [
-    "GGUF_ARCH_BLOCK_TO_HF", "GGUF_ARCH_TO_HF", "GGUF_BLOCK_TO_HF", "GGUF_TO_HF", "QuantTensor", "SUPPORTED_GGML_TYPES", "Weights", "bf16_to_f32",
+    "GGUF_BLOCK_TO_HF", "GGUF_TO_HF", "QuantTensor", "SUPPORTED_GGML_TYPES", "Weights", "bf16_to_f32",
     "check_shapes", "expected_shapes", "hf_name", "load_weights", "open_gguf",
 ]

@@ -17,7 +17,7 @@ import pytest
 
 from kjarni.model_config import ModelConfig
 from kjarni.errors import InvalidModelError
-from kjarni.gpt2 import GPT2Model
+from kjarni.models.gpt2 import GPT2Model
 from kjarni.loader import build_model
 from kjarni.model import DecoderModel, rope_table
 from kjarni.numpy_ops import NumpyOps
@@ -239,10 +239,11 @@ def _write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], meta: dic
 
 def _gguf_names(weights, arch: str) -> dict[str, str]:
     """HF name -> GGUF name for every tensor, by inverting weights.hf_name over the candidates."""
-    from kjarni.weights import GGUF_ARCH_BLOCK_TO_HF, GGUF_BLOCK_TO_HF, GGUF_TO_HF, hf_name
+    from kjarni.models import ARCHITECTURES
+    from kjarni.weights import GGUF_BLOCK_TO_HF, GGUF_TO_HF, hf_name
 
     candidates = [*GGUF_TO_HF, "position_embd.weight", "output_norm.bias"]
-    block_keys = {*GGUF_BLOCK_TO_HF, *GGUF_ARCH_BLOCK_TO_HF.get(arch, {})}
+    block_keys = {*GGUF_BLOCK_TO_HF, *ARCHITECTURES[arch].gguf_block_names}
     candidates += [f"blk.{i}.{k}" for i in range(8) for k in block_keys]
     inverse = {hf_name(c, arch): c for c in candidates}
     return {name: inverse[name] for name in weights.names() if weights.alias_of(name) is None}
