@@ -1,4 +1,4 @@
-"""NumpyOps: the executable specification of the backend contract in ops.py.
+"""NumpyOps: the executable specification of the backend contract in backend.py.
 
 float32 throughout and written for reading. Every constant is float32: one float64 scalar
 would promote the activations and make decoding ten times slower.

@@ -21,7 +21,8 @@ from kjarni.generator.config import (
     LoadConfigBuilder,
     ResolvedGenerationConfig,
 )
-from kjarni.generator.generator import AsyncTokenStream, GeneratedToken, Generator, GeneratorBuilder, TokenStream
+from kjarni.generator.generator import Generator, GeneratorBuilder
+from kjarni.generator.streams import AsyncTokenStream, GeneratedToken, TokenStream
 from kjarni.generator.presets import (
     ALL_V1_PRESETS,
     GENERATOR_BALANCED_V1,
