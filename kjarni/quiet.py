@@ -5,7 +5,8 @@ Mesa's Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid or not set in the
 on stderr, straight from C, every time WebGPU adapters are enumerated in a session without one
 (ssh, containers, CI, services). No logging switch reaches it, so ``quiet_mesa`` gives the process
 what a login session would have: a private runtime folder. The CLI calls it at start, the builder
-and ``kjarni parity`` before they first look for a GPU.
+and ``kjarni parity`` before they first look for a GPU, and every adapter enumeration
+(`kjarni.gpu.runtime.Runtime.enumerate_adapters`, so a ``WgpuContext`` made directly too).
 """
 
 from __future__ import annotations

@@ -119,3 +119,11 @@ def test_parity_says_what_it_is_doing_and_q_silences_it(tiny_dir: Path, wgpu_or_
     quiet = run([*args, "-q"])
     assert quiet.returncode == 0 and quiet.stderr == ""
     assert "max |logit diff|" in quiet.stdout
+
+
+@pytest.mark.gpu
+def test_a_wgpu_context_made_directly_keeps_mesa_quiet(wgpu_or_skip: None) -> None:
+    script = "from kjarni.gpu import WgpuContext\nWgpuContext().close()\nprint('made')\n"
+    done = run(["-c", script])
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("made\n", "")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kjarni.errors import GpuUnavailableError, InvalidConfigurationError
+from kjarni.quiet import quiet_mesa
 
 RUNTIMES = ("wgpu", "dawn")
 RUNTIME_ENV = "KJARNI_WEBGPU_RUNTIME"
@@ -103,7 +104,8 @@ class Runtime:
     # ------------------------------------------------------------ adapters and devices
 
     def enumerate_adapters(self) -> list[Any]:
-        """Every adapter the runtime sees, in its enumeration order."""
+        """Every adapter the runtime sees, in its enumeration order (Mesa kept quiet: `quiet_mesa`)."""
+        quiet_mesa()  # every path to an adapter comes here: the builder's, WgpuContext's, `kjarni devices`
         try:
             return list(self.module.gpu.enumerate_adapters_sync())
         except Exception as exc:  # the native library itself failed (no driver at all)
