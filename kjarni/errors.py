@@ -23,8 +23,19 @@ class DownloadFailedError(KjarniError):
     """Fetching model files failed (network, pip, checksum)."""
 
 
+class HubUnreachableError(DownloadFailedError):
+    """The Hugging Face hub (or ``HF_ENDPOINT``) could not be reached at all: no network, DNS, proxy.
+
+    Raised after one request, not after huggingface_hub's retries with back-off.
+    """
+
+
 class LoadFailedError(KjarniError):
     """Model files exist but could not be read: missing, truncated, corrupted or inconsistent."""
+
+
+class ModelPathNotFoundError(LoadFailedError):
+    """A model named by a path (``./x``, ``/x``, ``~/x``, ``x.gguf``, ``folder/x``) that does not exist."""
 
 
 class GpuUnavailableError(KjarniError):

@@ -17,11 +17,12 @@ import contextlib
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kjarni.errors import DownloadFailedError, LoadFailedError, ModelNotDownloadedError
+from kjarni.errors import DownloadFailedError, HubUnreachableError, LoadFailedError, ModelNotDownloadedError
 
 # What a Hugging Face snapshot needs. `model*.safetensors`, not `*.safetensors`: some repos
 # (Mistral) also ship a `consolidated.safetensors` duplicate of every weight.
@@ -60,8 +61,9 @@ class HubReference:
 
 
 def parse_reference(text: str) -> HubReference | None:
-    """``text`` as a hub reference (``org/name``, ``org/name:QUANT``, ``org/name:file.gguf``), or None."""
-    repo_id, _, tail = text.strip().partition(":")
+    """``text`` as a hub reference (``org/name``, ``org/name:QUANT``, ``org/name:file.gguf``, each also
+    written ``hf.co/org/name...`` as Ollama does, which is never read as a local path), or None."""
+    repo_id, _, tail = _strip_hub_prefix(text.strip()).partition(":")
     if not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith("."):
         return None
     if not tail:
@@ -73,6 +75,21 @@ def parse_reference(text: str) -> HubReference | None:
     if re.fullmatch(r"[A-Za-z0-9_.\-]+", tail):
         return HubReference(repo_id, quant=tail)
     return None
+
+
+_HUB_PREFIXES = ("https://huggingface.co/", "https://hf.co/", "huggingface.co/", "hf.co/")
+
+
+def _strip_hub_prefix(text: str) -> str:
+    for prefix in _HUB_PREFIXES:
+        if text.lower().startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
+def has_hub_prefix(text: str) -> bool:
+    """True for ``hf.co/...`` (or ``huggingface.co/...``): a hub reference by intent, never a path."""
+    return _strip_hub_prefix(text.strip()) != text.strip()
 
 
 def offline() -> bool:
@@ -112,6 +129,76 @@ def _hub_quiet(quiet: bool) -> Iterator[None]:
         hub_logging.set_verbosity(level)
         if not bars_were_off:
             enable_progress_bars()
+
+
+# ---------------------------------------------------------------- reaching the hub
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP clients' "no answer at all" errors (huggingface_hub >= 1.0 uses httpx2 or httpx,
+    older ones requests), plus the socket's own (refused, reset, DNS, timeout); not other OS
+    errors, which are the cache folder's."""
+    found: list[type[BaseException]] = [ConnectionError, socket.gaierror, TimeoutError]
+    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
+                          ("requests", ("ConnectionError", "Timeout"))):
+        try:
+            imported = __import__(module)
+        except ImportError:
+            continue
+        found += [getattr(imported, name) for name in names if isinstance(getattr(imported, name, None), type)]
+    return tuple(found)
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when ``error`` (or what it was raised from) means no answer came from the hub."""
+    transport = _transport_errors()
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, transport):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def unreachable_message(name: str, error: BaseException, cache: Path) -> str:
+    """The hub could not be reached for ``name``: why, and the ways to run without it."""
+    endpoint = _endpoint() or "https://huggingface.co"
+    root = error
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    detail = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+    return (
+        f"The Hugging Face hub ({endpoint}) could not be reached to fetch {name} "
+        f"({type(root).__name__}: {detail}). Without network: set HF_HUB_OFFLINE=1 to use what is already "
+        f"in the Hugging Face cache ({cache}), or pass the path of a local .gguf file or model folder, or a "
+        f"registry model that is downloaded (`kjarni models`)."
+    )
+
+
+def check_reachable(repo_id: str, name: str, cache: Path) -> None:
+    """Raise `HubUnreachableError` at once when the hub gives no answer for ``repo_id``.
+
+    huggingface_hub retries a network error five times with back-off (about 24 s) in its file
+    listing and downloads, and has no setting for that; its repo-info call (``HfApi.model_info``)
+    makes one request, with the ``HF_HUB_ETAG_TIMEOUT`` timeout. Any answer (even 404 or 401)
+    means the hub is there: the download that follows reports it.
+    """
+    from huggingface_hub import HfApi, constants
+
+    try:
+        HfApi(endpoint=_endpoint()).model_info(repo_id, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception as error:  # noqa: BLE001 - HTTP answers are the download's to report
+        if is_unreachable(error):
+            raise HubUnreachableError(unreachable_message(name, error, cache)) from error
+
+
+def download_error(name: str, repo_id: str, error: Exception, cache: Path) -> DownloadFailedError:
+    """The typed error for a failed hub download: unreachable, or `failure_message`'s."""
+    if is_unreachable(error) and not offline():
+        return HubUnreachableError(unreachable_message(name, error, cache))
+    return DownloadFailedError(failure_message(name, repo_id, error))
 
 
 # ---------------------------------------------------------------- snapshots (safetensors)
@@ -159,7 +246,8 @@ def fetch_snapshot(repo_id: str, cache: Path, *, quiet: bool = False, what: str 
                 )
             )
     except Exception as error:  # noqa: BLE001 - hub, HTTP and OS errors all mean the same to the caller
-        raise DownloadFailedError(failure_message(what or repo_id, repo_id, error)) from error
+        # Its first request (repo info) is not retried, so an unreachable hub fails at once here.
+        raise download_error(what or repo_id, repo_id, error, cache) from error
     if not snapshot_complete(folder):
         raise DownloadFailedError(
             f"The Hugging Face snapshot of {repo_id} in {folder} lacks config.json or safetensors weights "
@@ -244,6 +332,8 @@ def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool) -> Path:
     from huggingface_hub import HfApi, hf_hub_download
 
     try:
+        if not local_only:
+            check_reachable(ref.repo_id, str(ref), cache)
         if ref.filename is not None:
             filename = ref.filename
         elif local_only:
@@ -254,6 +344,8 @@ def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool) -> Path:
         if _endpoint():
             kwargs["endpoint"] = _endpoint()
         return Path(hf_hub_download(ref.repo_id, filename, cache_dir=cache, local_files_only=local_only, **kwargs))
+    except HubUnreachableError:
+        raise
     except LoadFailedError as error:
         if local_only:
             raise ModelNotDownloadedError(_not_cached_message(ref, cache, str(error))) from None
@@ -261,7 +353,7 @@ def _fetch_gguf(ref: HubReference, cache: Path, local_only: bool) -> Path:
     except Exception as error:  # noqa: BLE001 - hub, HTTP and OS errors all mean the same to the caller
         if local_only and type(error).__name__ in ("LocalEntryNotFoundError", "EntryNotFoundError"):
             raise ModelNotDownloadedError(_not_cached_message(ref, cache, "")) from None
-        raise DownloadFailedError(failure_message(str(ref), ref.repo_id, error)) from error
+        raise download_error(str(ref), ref.repo_id, error, cache) from error
 
 
 def _not_cached_message(ref: HubReference, cache: Path, detail: str) -> str:

@@ -6,8 +6,9 @@ What a name means, in this order:
 2. A registry name, alias or Hugging Face repo id (any case): that registry model. A folder of the
    same name in the current directory is not used (a notice says so: write ``./NAME`` for it).
 3. A bare name that is no registry model but exists locally: that file or folder.
-4. A Hugging Face reference (``org/name``, ``org/name:Q4_K_M``, ``org/name:file.gguf``): through
-   huggingface_hub (kjarni/hub.py).
+4. A Hugging Face reference (``org/name``, ``org/name:Q4_K_M``, ``org/name:file.gguf``, or any of
+   them as ``hf.co/...``): through huggingface_hub (kjarni/hub.py), unless it can only be a path
+   (``_path_shaped``: then ``ModelPathNotFoundError``, without asking the hub).
 
 Cache layout:
 
@@ -44,6 +45,7 @@ from kjarni.errors import (
     InvalidConfigurationError,
     LoadFailedError,
     ModelNotDownloadedError,
+    ModelPathNotFoundError,
     UnknownModelError,
 )
 from kjarni.progress import Progress, format_bytes
@@ -143,20 +145,23 @@ def resolve(
     if entry is None:
         if exists:
             return _local_source(local)
+        if _path_shaped(text):
+            raise ModelPathNotFoundError(
+                f"No such file or folder: {local.absolute()} ({text!r} does not exist and is not a registry "
+                f"model name). Check the path, or pass a name from `kjarni models`"
+                + (f" (or write hf.co/{text} for the Hugging Face repo)." if _repo_shaped(text) else ".")
+            ) from None
         reference = hub.parse_reference(text)
         if reference is not None:
             try:
                 return _resolve_hub(reference, cache_dir, policy, quiet)
             except (DownloadFailedError, ModelNotDownloadedError, LoadFailedError) as error:
+                if hub.has_hub_prefix(text):
+                    raise
                 raise type(error)(
-                    f"{text!r} is no local path ({local.absolute()} does not exist) and no registry model, so it "
-                    f"was taken as a Hugging Face repo id: {error}"
+                    f"{text!r} is no local file or folder ({local.absolute()} does not exist) and no registry "
+                    f"model, so it was taken as a Hugging Face repo id: {error}"
                 ) from error
-        if _looks_like_path(text):
-            raise LoadFailedError(
-                f"{text!r} does not exist (resolved to {local.absolute()}) and is not a registry model name. "
-                f"Check the path, or pass a name from `kjarni models`."
-            ) from None
         registry.find_entry(text)  # raises UnknownModelError with its suggestions
     assert entry is not None
     if exists:
@@ -274,13 +279,28 @@ def _written_as_path(text: str) -> bool:
     return ("/" in text or "\\" in text) and hub.parse_reference(text) is None
 
 
-def _looks_like_path(text: str) -> bool:
-    return (
-        "/" in text
-        or "\\" in text
-        or text.startswith((".", "~"))
-        or text.lower().endswith((".gguf", ".safetensors", ".json"))
-    )
+def _path_shaped(text: str) -> bool:
+    """True for a name that can only mean a path: written as one (``./``, ``../``, ``/``, ``~``), a
+    file name (``.gguf``, ``.safetensors``, ``.json``), a folder part that exists here, or more
+    than ``owner/name``. An ``owner/name`` whose ``owner`` is no folder here is a Hugging Face id."""
+    if hub.has_hub_prefix(text):
+        return False
+    if text.startswith((".", "~", "/", "\\")) or os.path.isabs(text):
+        return True
+    reference = hub.parse_reference(text)
+    if text.lower().endswith(_FILE_SUFFIXES) and (reference is None or reference.filename is None):
+        return True
+    if "/" in text or "\\" in text:
+        return reference is None or Path(text).expanduser().parent.is_dir()
+    return False
+
+
+_FILE_SUFFIXES = (".gguf", ".safetensors", ".json")
+
+
+def _repo_shaped(text: str) -> bool:
+    """``owner/name`` (no file suffix): a Hugging Face id unless a folder ``owner`` exists here."""
+    return hub.parse_reference(text) is not None and not text.lower().endswith(_FILE_SUFFIXES)
 
 
 

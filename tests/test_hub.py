@@ -6,12 +6,20 @@ at a fresh folder; the fake logs each request, so "no second download" is a coun
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from kjarni import hub, sources
-from kjarni.errors import LoadFailedError, ModelNotDownloadedError
+from kjarni.errors import (
+    DownloadFailedError,
+    HubUnreachableError,
+    LoadFailedError,
+    ModelNotDownloadedError,
+    ModelPathNotFoundError,
+)
 from kjarni.generator import Generator
 from kjarni.sources import DownloadPolicy, resolve
 from tests.fake_hub import FakeHub
@@ -130,12 +138,81 @@ def test_a_quant_the_repo_lacks_or_splits_is_refused_naming_the_files(fake_hub):
 
 
 def test_a_repo_the_hub_does_not_have_is_a_download_failure_naming_the_id(fake_hub):
-    from kjarni.errors import DownloadFailedError
-
-    with pytest.raises(DownloadFailedError, match="no local path.*Hugging Face repo id.*test-org/Nothing"):
+    with pytest.raises(DownloadFailedError, match="no local file or folder.*Hugging Face repo id.*test-org/Nothing"):
         resolve("test-org/Nothing", quiet=True)
 
 
 def test_registry_snapshots_go_to_the_standard_hf_cache_without_an_explicit_cache_dir(fake_hub, tmp_path):
     assert sources.hf_cache_dir() == tmp_path / "hf-cache"
     assert sources.hf_cache_dir(tmp_path / "mine") == tmp_path / "mine" / "hf"
+
+
+class DroppingEndpoint:
+    """A hub that accepts each connection and closes it unanswered; counts the connections."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            self.attempts += 1
+            connection.close()
+
+    def __enter__(self) -> DroppingEndpoint:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept (close alone does not)
+        self._listener.close()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("name", ["test-org/Tiny-Chat", "test-org/Tiny-Chat-GGUF:Q4_K_M", "test-org/Tiny:t.gguf"])
+def test_an_unreachable_hub_fails_after_one_attempt_naming_the_id_and_the_way_out(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with DroppingEndpoint() as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint.url)
+        with pytest.raises(HubUnreachableError) as info:
+            resolve(name, quiet=True)
+    assert endpoint.attempts == 1  # huggingface_hub alone would retry five times, sleeping 1+2+4+8+8 s
+    message = str(info.value)
+    assert f"could not be reached to fetch {name}" in message and endpoint.url in message
+    assert "HF_HUB_OFFLINE=1" in message and "local .gguf file or model folder" in message
+    assert f"no local file or folder ({tmp_path / name} does not exist)" in message
+
+
+def test_a_refused_connection_is_unreachable_too_and_quiet_prints_nothing(tmp_path, monkeypatch, capfd):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # nothing listens there now
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(HubUnreachableError, match="hf.co/test-org/Tiny-Chat-GGUF|test-org/Tiny-Chat-GGUF:Q4_K_M"):
+        resolve("hf.co/test-org/Tiny-Chat-GGUF", quiet=True)
+    assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("missing", ["./gone", "gone.gguf", "models/gone.gguf", "a/b/c", "~/no-such-kjarni-dir/x"])
+def test_a_missing_path_is_no_such_file_or_folder_without_asking_the_hub(missing, fake_hub, tmp_path):
+    with pytest.raises(ModelPathNotFoundError, match="No such file or folder") as info:
+        resolve(missing, quiet=True)
+    assert str(Path(missing).expanduser().absolute()) in str(info.value)
+    assert fake_hub.requests == []
+
+
+def test_owner_name_is_a_path_when_the_owner_folder_exists_and_hf_co_forces_the_hub(fake_hub, tmp_path):
+    (tmp_path / "test-org").mkdir()  # the fixture's working folder
+    with pytest.raises(ModelPathNotFoundError, match="hf.co/test-org/Tiny-Chat for the Hugging Face repo"):
+        resolve("test-org/Tiny-Chat", quiet=True)
+    assert fake_hub.requests == []
+    assert resolve("hf.co/test-org/Tiny-Chat", quiet=True).name == "test-org/Tiny-Chat"
