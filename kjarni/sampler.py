@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -47,6 +47,27 @@ float32: ``1e-50`` is 0 in float32 and would turn every logit into inf or NaN af
 anything in ``(0, MIN_TEMPERATURE)`` is refused up front; 0 asks for greedy decoding."""
 
 
+SAMPLING_RANGES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _finite(v) and (v == 0 or v >= MIN_TEMPERATURE),
+                    f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)"),
+    "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 means off)"),
+    "top_p": (lambda v: _finite(v) and 0 < v <= 1, "in (0, 1] (1 means off)"),
+    "min_p": (lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1] (0 means off)"),
+    "repetition_penalty": (lambda v: _finite(v) and v > 0, "> 0 (1 means off)"),
+}
+"""Every sampling setting's valid range, the one place it is written: (test, description)."""
+
+
+def check_sampling(**settings: object) -> None:
+    """Raise ``InvalidConfigurationError`` naming the first setting (in the order given) outside its
+    ``SAMPLING_RANGES`` range; a setting given as None is not set and not checked."""
+    for name, value in settings.items():
+        ok, valid = SAMPLING_RANGES[name]
+        if value is not None and not ok(value):
+            raise InvalidConfigurationError(f"{name}={value!r} is out of range: {name} must be {valid}")
+
+
 def validate_sampling(
     temperature: float,
     top_k: int,
@@ -55,28 +76,13 @@ def validate_sampling(
     repetition_penalty: float,
     max_tokens: int,
 ) -> None:
-    """Raise ``InvalidConfigurationError`` naming the first value outside its valid range.
-
-    Valid: temperature 0 (greedy) or >= ``MIN_TEMPERATURE``, top_k >= 0 (0 disables), 0 < top_p <= 1 (1 disables),
-    0 <= min_p <= 1 (0 disables), repetition_penalty > 0 (1 disables), max_tokens >= 1.
+    """Raise ``InvalidConfigurationError`` naming the first value outside its valid range
+    (``SAMPLING_RANGES``): temperature 0 (greedy) or >= ``MIN_TEMPERATURE``, top_k >= 0 (0 disables),
+    0 < top_p <= 1 (1 disables), 0 <= min_p <= 1 (0 disables), repetition_penalty > 0 (1 disables),
+    max_tokens >= 1.
     """
-    checks = (
-        ("temperature", temperature, _finite(temperature) and (temperature == 0 or temperature >= MIN_TEMPERATURE),
-         f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)"),
-        ("top_k", top_k, _is_int(top_k) and top_k >= 0, "an integer >= 0 (0 disables top-k)"),
-        ("top_p", top_p, _finite(top_p) and 0 < top_p <= 1, "in (0, 1] (1.0 disables top-p)"),
-        ("min_p", min_p, _finite(min_p) and 0 <= min_p <= 1, "in [0, 1] (0 disables min-p)"),
-        (
-            "repetition_penalty",
-            repetition_penalty,
-            _finite(repetition_penalty) and repetition_penalty > 0,
-            "> 0 (1.0 disables the penalty)",
-        ),
-        ("max_tokens", max_tokens, _is_int(max_tokens) and max_tokens >= 1, "an integer >= 1"),
-    )
-    for name, value, ok, valid in checks:
-        if not ok:
-            raise InvalidConfigurationError(f"{name}={value!r} is out of range: it must be {valid}")
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   repetition_penalty=repetition_penalty, max_tokens=max_tokens)
 
 
 def _finite(x: object) -> bool:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.sampler import MIN_TEMPERATURE
+from kjarni.sampler import check_sampling
 
 
 class KjarniDevice(enum.Enum):
@@ -303,10 +302,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def validate_overrides(overrides: GenerationOverrides) -> None:
     """Check every set field of ``overrides`` (``InvalidConfigurationError`` names value and range)."""
     _check(**{f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)})
@@ -321,22 +316,10 @@ def validate(config: ResolvedGenerationConfig) -> None:
 
 
 def _check(*, max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop) -> None:  # noqa: ANN001
-    def bad(name: str, value: object, allowed: str) -> InvalidConfigurationError:
-        return InvalidConfigurationError(f"{name}={value!r} is out of range: {name} must be {allowed}")
-
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise bad("max_tokens", max_tokens, "an integer >= 1")
-    if temperature is not None and (not _is_number(temperature) or not (temperature == 0 or temperature >= MIN_TEMPERATURE)):
-        raise bad("temperature", temperature, f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise bad("top_k", top_k, "an integer >= 0 (0 means off)")
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        raise bad("top_p", top_p, "in (0, 1] (1 means off)")
-    if min_p is not None and (not _is_number(min_p) or not 0 <= min_p <= 1):
-        raise bad("min_p", min_p, "in [0, 1] (0 means off)")
-    if repetition_penalty is not None and (not _is_number(repetition_penalty) or repetition_penalty <= 0):
-        raise bad("repetition_penalty", repetition_penalty, "> 0 (1 means off)")
+    # The sampling ranges live in one table (sampler.SAMPLING_RANGES); seed and stop are the API's own.
+    check_sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   repetition_penalty=repetition_penalty)
     if seed is not None and (not _is_int(seed) or seed < 0):
-        raise bad("seed", seed, "an integer >= 0")
+        raise InvalidConfigurationError(f"seed={seed!r} is out of range: seed must be an integer >= 0")
     if stop is not None:
         normalize_stop(stop)
