@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kjarni import cli, registry
+from kjarni import cli, registry, sources
 from kjarni.generator import GenerationOverrides, Generator
 from tests.test_api import make_tiny_model
 from tests.real_models import cache_with_default_model
@@ -204,8 +204,20 @@ def test_presets_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
         assert preset.name in out and preset.model in out and f"{preset.memory_mb} MB" in out
 
 
-def test_models_lists_the_registry_with_sizes_and_cached_status(smollm2_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["models", "--cache-dir", str(smollm2_cache)]) == 0
+def sized_like_the_default_model(cache: Path) -> Path:
+    """A sparse file of the default model's size where the cache keeps its GGUF (not the real model:
+    a listing checks sizes, not contents)."""
+    entry = registry.find_entry(registry.DEFAULT_MODEL)
+    cached = cache / entry.name / entry.pypi_gguf.filename
+    cached.parent.mkdir(parents=True)
+    with open(cached, "wb") as f:
+        f.truncate(entry.pypi_gguf.size_bytes)
+    return cached
+
+
+def test_models_lists_the_registry_with_sizes_and_cached_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sized_like_the_default_model(tmp_path / "cache")
+    assert cli.main(["models", "--cache-dir", str(tmp_path / "cache")]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {e.name for e in registry.entries()}
@@ -213,10 +225,13 @@ def test_models_lists_the_registry_with_sizes_and_cached_status(smollm2_cache: P
     assert "no" in rows["qwen2.5-7b-instruct"].split()
 
 
-def test_pull_of_a_cached_model_prints_its_path_without_downloading(smollm2_cache: Path) -> None:
-    done = run_kjarni("pull", "smollm2", env={"KJARNI_CACHE_DIR": str(smollm2_cache)})
+def test_pull_of_a_cached_model_prints_its_path_without_downloading(tmp_path: Path) -> None:
+    cached = sized_like_the_default_model(tmp_path / "cache")
+    # The record an earlier verified download leaves (size, time, sha256), so pull does not hash.
+    sources._verified_record(cached).write_text(sources._stamp(cached, registry.find_entry(registry.DEFAULT_MODEL).pypi_gguf.sha256))
+    done = run_kjarni("pull", "smollm2", env={"KJARNI_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"})  # no index: a download fails
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(smollm2_cache / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert done.stdout.strip() == str(cached)
 
 
 def test_pull_of_an_unknown_model_fails_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
