@@ -4,7 +4,7 @@
 
 const NEG_BIG: f32 = -3.0e38;  // "minus infinity" for maxima (WGSL has no infinity literal)
 const NO_INDEX: u32 = 0xffffffffu;
-const F32_MAX: f32 = 3.40282347e38;
+const F32_MAX: f32 = 0x1.fffffep+127f;  // the largest f32 (hex: Tint refuses the rounded decimal 3.40282347e38)
 
 // Set false only to measure what the finite check costs (tools/bench_gpu.py).
 override FINITE_CHECK: bool = true;

@@ -424,6 +424,10 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--prefill-only", action="store_true", help="time prefill only, with GPU time per kernel")
     parser.add_argument("--tuning", metavar="JSON", help="kernel choices from tools/sweep_matvec.py --tuning-out")
+    parser.add_argument("--runtime", choices=("wgpu", "dawn"), default=None,
+                        help="WebGPU runtime: wgpu (wgpu-py, the default) or dawn (wgpudawn); default KJARNI_WEBGPU_RUNTIME")
+    parser.add_argument("--dawn-fast", action="store_true",
+                        help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
                         help="override a WgpuOps class attribute (an int or float), e.g. matvec_t_quads=2")
     args = parser.parse_args()
@@ -443,9 +447,13 @@ def main() -> None:
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
     from kjarni.gpu import WgpuContext
 
-    ctx = WgpuContext(args.adapter)
+    from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
+
+    ctx = WgpuContext(args.adapter, runtime=args.runtime,
+                      dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if args.dawn_fast else ())
     shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
-    report = {"adapter": ctx.description, "features": sorted(ctx.features), "tuning": tuning, "set": args.set,
+    report = {"adapter": ctx.description, "runtime": ctx.runtime.description,
+              "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if args.dawn_fast else [], "features": sorted(ctx.features), "tuning": tuning, "set": args.set,
               "results": []}
     for shape in shapes:
         for fmt in args.formats.split(","):
