@@ -157,16 +157,16 @@ fn main(
     let slots = WG / KL;
     var m_local = NEG_BIG;
     var j = lid / KL;
-    loop {
-        if (j >= last) {
-            break;
-        }
+    // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
+    // checks it): threads past the last key in the final trip load a clamped row and store nothing.
+    let trips = (last + 2u * slots - 1u) / (2u * slots);
+    for (var trip = 0u; trip < trips; trip++) {
         let j1 = j + slots;
-        let a0 = score_part((base + j) * d4, kl);
+        let a0 = score_part((base + min(j, last - 1u)) * d4, kl);
         let a1 = score_part((base + min(j1, last - 1u)) * d4, kl);
         let s0 = key_sum(a0);
         let s1 = key_sum(a1);
-        if (kl == 0u) {
+        if (kl == 0u && j < last) {
             p_sh[j] = s0;
             m_local = max(m_local, s0);
             if (j1 < last) {
