@@ -6,7 +6,8 @@
 #   bench_<runtime>.json  bench_gpu's JSON
 #   extra.txt             whatever DAWN_CHECK_EXTRA runs (a command line), e.g. a kernel sweep
 # Usage (from the checkout): OUT=/some/dir tools/dawn_check.sh [test seconds per runtime] [bench args...]
-# Environment: DAWN_CHECK_RUNTIMES (default "dawn wgpu"), DAWN_CHECK_TESTS (default tests/test_gpu_*.py).
+# Environment: DAWN_CHECK_RUNTIMES (tests; default "dawn wgpu"), DAWN_CHECK_BENCH (default "dawn wgpu"),
+# DAWN_CHECK_TESTS (default tests/test_gpu_*.py), BENCH_SECS, EXTRA_SECS (time limits).
 set -u
 OUT=${OUT:-/tmp/dawn_check}
 mkdir -p "$OUT"
@@ -18,14 +19,20 @@ export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
 tests=${DAWN_CHECK_TESTS:-$(ls tests/test_gpu_*.py)}
 
 if [ -n "${DAWN_CHECK_EXTRA:-}" ]; then
-    timeout 120 bash -c "$DAWN_CHECK_EXTRA" >"$OUT/extra.txt" 2>&1
+    timeout "${EXTRA_SECS:-120}" bash -c "$DAWN_CHECK_EXTRA" >"$OUT/extra.txt" 2>&1
 fi
 for rt in ${DAWN_CHECK_RUNTIMES:-dawn wgpu}; do
-    KJARNI_WEBGPU_RUNTIME=$rt timeout "$secs" python3 -m pytest -p no:cacheprovider -q -rfE --tb=line \
-        --maxfail=40 $tests >"$OUT/tests_$rt.txt" 2>&1
-    echo "exit $?" >>"$OUT/tests_$rt.txt"
+    # One pytest per file, all within $secs: a file cut short by the deadline loses only itself.
+    end=$((SECONDS + secs))
+    for f in $tests; do
+        left=$((end - SECONDS))
+        [ $left -le 2 ] && { echo "$f: not run (deadline)" >>"$OUT/tests_$rt.txt"; continue; }
+        echo "== $f" >>"$OUT/tests_$rt.txt"
+        KJARNI_WEBGPU_RUNTIME=$rt timeout "$left" python3 -m pytest -p no:cacheprovider -q -rfEs --tb=line \
+            --maxfail=20 "$f" 2>&1 | grep -v -E '^\.+ *(\[ *[0-9]+%\])?$|^$' >>"$OUT/tests_$rt.txt"
+    done
 done
-for rt in dawn wgpu; do
+for rt in ${DAWN_CHECK_BENCH:-dawn wgpu}; do
     timeout "${BENCH_SECS:-150}" python3 tools/bench_gpu.py --runtime "$rt" "${bench_args[@]}" >"$OUT/bench_$rt.json" 2>"$OUT/bench_$rt.err"
     tail -c 3000 "$OUT/bench_$rt.err" >>"$OUT/bench_$rt.json"
     rm -f "$OUT/bench_$rt.err"

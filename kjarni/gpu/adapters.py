@@ -37,7 +37,8 @@ POWER_PREFERENCES = ("high-performance", "low-power")
 
 # Features kjarni uses when the device has them (none is required): subgroup operations for the
 # faster matvec/attention kernels, timestamps for profiling, f16 shaders for later kernels.
-WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+# "subgroup-matrix": tensor cores (Dawn's chromium-experimental-subgroup-matrix; wgpu-native has none).
+WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "subgroup-matrix")
 
 # Limits kjarni's kernels need, at least (WebGPU's defaults are lower for the first two:
 # attention_single runs 512 invocations a workgroup).

@@ -197,6 +197,13 @@ class WgpuContext:
         self.has_f16 = "shader-f16" in self.features
         self.has_subgroups = use_subgroups and "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
+        # Tensor cores for f16 prefill matmuls (matmul_sgmat.tmpl.wgsl): the subgroup size of the
+        # adapter's f16 subgroup-matrix configuration, None without one (always on wgpu-native).
+        self.f16_matrix_subgroup = (
+            self.runtime.f16_matrix_subgroup_size(self.adapter)
+            if "subgroup-matrix" in self.features and self.has_f16 and self.has_subgroups and self.adapter is not None
+            else None
+        )
         self.max_buffer_size = int(limits["max-buffer-size"])
         self.max_binding_size = int(limits["max-storage-buffer-binding-size"])
         if max_binding_size is not None:

@@ -55,6 +55,19 @@ BLOCKS: dict[str, str] = {
 ``unit_values(row, u)``, ``unit_col(u, k)`` and ``load_w8(row, c8)`` (8 consecutive values); pasted
 by the linear, matmul and embed kernels of that format."""
 
+SGMAT_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (64, 64, 32, 2, 2), (64, 128, 32, 2, 4), (128, 128, 32, 2, 4), (128, 64, 32, 4, 2),
+    (64, 64, 64, 2, 2), (32, 64, 32, 1, 2), (128, 128, 32, 4, 4), (64, 128, 64, 2, 2),
+)
+"""The tensor-core prefill matmul's tiles (``matmul_sgmat.tmpl.wgsl``): (BM tokens, BN rows, BK
+columns a step, SM x SN subgroups), each at subgroup sizes 32 and 64."""
+
+
+def sgmat_variant(bm: int, bn: int, bk: int, sm: int, sn: int, sg: int) -> str:
+    """The ``matmul_sgmat`` variant name of a tile at subgroup size ``sg``."""
+    return f"{bm}x{bn}x{bk}_{sm}x{sn}_sg{sg}"
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
@@ -62,6 +75,11 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}
                for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    "matmul_sgmat": {
+        sgmat_variant(bm, bn, bk, sm, sn, sg): {"BM": str(bm), "BN": str(bn), "BK": str(bk), "SM": str(sm), "SN": str(sn), "SG": str(sg)}
+        for bm, bn, bk, sm, sn in SGMAT_TILES for sg in (32, 64)
+        if bn * bk % (8 * sm * sn * sg) == 0 and bm * bk % (4 * sm * sn * sg) == 0  # whole loads per thread
+    },
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""
 

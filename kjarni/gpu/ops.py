@@ -266,6 +266,11 @@ class WgpuOps:
         (17920, 1536): (8, 16, 8, 1, 2, 1),  # 1.5B gate_up
         (1536, 8960): (8, 16, 8, 4, 1, 4),  # 1.5B down_proj
     }
+    # Tensor cores (matmul_sgmat.tmpl.wgsl: f16 activations x f16 weights, f32 sums) for the
+    # prefill of f16 segments where the device has an f16 subgroup-matrix configuration (Dawn):
+    # per (segment rows, cols) a tile of kernels.SGMAT_TILES, else `sgmat_tile`'s choice.
+    tensor_cores = True
+    sgmat_tiles: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int]]] = {}
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
@@ -568,7 +573,8 @@ class WgpuOps:
         )
         dispatches = []
         for seg in weight.segments:
-            splits = self._matmul_splits(seg.rows, tokens, cols, flags, rows) if self._uses_matmul(seg, tokens) else 1
+            splits = (self._matmul_splits(seg.rows, tokens, cols, flags, rows)
+                      if self._uses_matmul(seg, tokens) and self.sgmat_tile(seg, tokens, cols) is None else 1)
             if splits == 1:
                 pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
@@ -597,6 +603,16 @@ class WgpuOps:
         params = ctx.uniform(
             LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
         )
+        tile = self.sgmat_tile(seg, tokens, cols)
+        if tile is not None:  # tensor cores
+            bm, bn, bk, sm, sn = tile
+            variant = kernels.sgmat_variant(bm, bn, bk, sm, sn, ctx.f16_matrix_subgroup)
+
+            def source_sg() -> str:
+                return kernels.template("matmul_sgmat", variant)
+
+            pipeline = ctx.pipeline("matmul_sgmat." + variant, LINEAR_KINDS, source=source_sg)
+            return pipeline, params, (-(-seg.rows // bn), -(-tokens // bm), 1)
         if self._uses_matmul(seg, tokens):
             tm, tn, bk, ksplit, nbuf = self.matmul_config(seg.rows, tokens, cols)
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
@@ -700,6 +716,22 @@ class WgpuOps:
 
     def _uses_matmul(self, seg: _Segment, tokens: int) -> bool:
         return tokens > self.matvec_max_tokens and kernels.has_template("matmul", seg.format)
+
+    def sgmat_tile(self, seg: _Segment, tokens: int, cols: int) -> tuple[int, int, int, int, int] | None:
+        """(BM, BN, BK, SM, SN) of the tensor-core matmul for this prefill product, or None for the
+        SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on and
+        a device with an f16 subgroup-matrix configuration, ``cols`` a multiple of BK. Tiles:
+        ``sgmat_tiles`` per (rows, cols), else 64 x 128 where that makes at least 2 waves of 132
+        workgroups, else 64 x 64."""
+        sg = self.context.f16_matrix_subgroup
+        if not (self.tensor_cores and sg and seg.format == "f16" and tokens > self.matvec_max_tokens):
+            return None
+        tile = self.sgmat_tiles.get((seg.rows, cols))
+        if tile is None:
+            tile = (64, 128, 32, 2, 4) if -(-seg.rows // 128) * -(-tokens // 64) >= 264 else (64, 64, 32, 2, 2)
+        if cols % tile[2] or kernels.sgmat_variant(*tile, sg) not in kernels.TEMPLATES["matmul_sgmat"]:
+            return None
+        return tile
 
     def _matmul_splits(self, rows: int, tokens: int, cols: int, flags: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless

@@ -15,6 +15,8 @@ handles it (all in `Runtime`):
                             wgpu (wgpu-native)          dawn (wgpudawn)
 ==========================  ==========================  ===========================================
 subgroup feature name       ``subgroup``                ``subgroups`` (kjarni says ``subgroup``)
+tensor cores                none                        ``chromium-experimental-subgroup-matrix``
+                                                        (kjarni: ``subgroup-matrix``) with its configs
 WGSL for subgroup builtins  nothing (``enable`` fails)  ``enable subgroups;`` (added by `prepare_shader`)
 recording fast path         raw C calls (`raw_recording`)  none: the public API (already cheaper)
 kernels without checks      ``...ShaderModuleTrusted``  none (the device toggle ``disable_robustness``)
@@ -49,6 +51,9 @@ DAWN_INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 # safe only for kernels that guard every access and initialise their shared memory. Off unless
 # asked for (`WgpuContext(dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES)`).
 DAWN_FAST_DEVICE_TOGGLES = ("disable_robustness", "disable_workgroup_init")
+
+# kjarni's feature names -> Dawn's, where they differ.
+DAWN_FEATURE_NAMES = {"subgroup": "subgroups", "subgroup-matrix": "chromium-experimental-subgroup-matrix"}
 
 # WGSL builtins that need `enable subgroups;` on Dawn.
 _SUBGROUP_USE = re.compile(r"\bsubgroup[A-Z_]\w*|\bsubgroup_(size|invocation_id)\b")
@@ -158,6 +163,18 @@ class Runtime:
             out["subgroup_matrix_configs"] = props["subgroup_matrix_configs"]
         return out
 
+    def f16_matrix_subgroup_size(self, adapter: Any) -> int | None:
+        """The subgroup size of the adapter's f16 x f16 -> f32 16x16x16 subgroup-matrix
+        configuration (what ``matmul_sgmat.tmpl.wgsl`` needs), or None where it has none (wgpu;
+        Dawn without ``vulkan_enable_f16_on_nvidia`` on NVIDIA; most Mesa drivers)."""
+        for config in self.adapter_extras(adapter).get("subgroup_matrix_configs") or ():
+            if (config.get("component_type"), config.get("result_component_type")) == ("f16", "f32") and (
+                config.get("m"), config.get("n"), config.get("k")) == (16, 16, 16):
+                size = int(config.get("min_subgroup_size") or 0)
+                if size == int(config.get("max_subgroup_size") or 0) and size in (32, 64):
+                    return size
+        return None
+
     # ------------------------------------------------------------ shaders and recording
 
     def prepare_shader(self, code: str, flags: frozenset[str]) -> str:
@@ -251,7 +268,7 @@ def load_runtime(name: str | None = None) -> Runtime:
         extras.set_instance_extras(backends=_dawn_backends(), enable_toggles=list(DAWN_INSTANCE_TOGGLES))
     except Exception:  # noqa: BLE001 - the instance exists already
         pass
-    return Runtime("dawn", wgpudawn, wgpudawn.__version__, {"subgroup": "subgroups"})
+    return Runtime("dawn", wgpudawn, wgpudawn.__version__, DAWN_FEATURE_NAMES)
 
 
 def runtime_of(obj: Any) -> Runtime:

@@ -1,0 +1,138 @@
+"""Sweep the tensor-core prefill matmul (shaders/matmul_sgmat.tmpl.wgsl) on a Dawn adapter with f16
+subgroup matrices: per Qwen2.5 prefill product and tile, GPU time (timestamp queries, median of
+``--reps`` dispatches), TFLOP/s and the error against numpy with the same f16 rounding of the
+activations (NumpyOps(activations="f16")'s math); the SIMT kernel (matmul_f16) beside it. Prints JSON.
+
+    python tools/sweep_sgmat.py                       # Qwen2.5-0.5B shapes, 512 tokens, every tile
+    python tools/sweep_sgmat.py --model qwen2.5-1.5b --tiles 64x128x32_2x4,64x64x32_2x2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kjarni.gpu import kernels  # noqa: E402
+
+MODELS = {"qwen2.5-0.5b": (896, 4864, 1152), "qwen2.5-1.5b": (1536, 8960, 2048)}
+EPS = 1e-6
+
+
+def shapes(model: str) -> dict[str, tuple[int, int, str]]:
+    hidden, inter, qkv = MODELS[model]
+    return {"qkv": (qkv, hidden, "norm+bias"), "o_proj": (hidden, hidden, "residual"),
+            "gate_up": (2 * inter, hidden, "norm"), "down": (hidden, inter, "silu+residual")}
+
+
+def reference(x: np.ndarray, w16: np.ndarray, kind: str, nw, b, r) -> np.ndarray:
+    """f16-rounded activations times the f16 weight in float64, then bias / residual."""
+    if "silu" in kind:
+        half = x.shape[1] // 2
+        g, u = x[:, :half], x[:, half:]
+        x = g / (np.float32(1) + np.exp(-g)) * u
+    if "norm" in kind:
+        x = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(EPS)) * nw
+    a = x.astype(np.float16).astype(np.float64)
+    y = a @ w16.astype(np.float64).T
+    if b is not None:
+        y += b
+    if r is not None:
+        y += r
+    return y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS))
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--tiles", default="", help="comma-separated BMxBNxBK_SMxSN (default: all)")
+    parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
+    parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
+    parser.add_argument("--robust", action="store_true", help="without Dawn's disable_robustness/disable_workgroup_init")
+    args = parser.parse_args()
+
+    from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
+    from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
+
+    dawn = args.runtime == "dawn"
+    ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if dawn and not args.robust else ())
+    sg = ctx.f16_matrix_subgroup
+    report = {"adapter": ctx.description, "runtime": ctx.runtime.description, "f16_matrix_subgroup": sg,
+              "toggles": [] if args.robust else list(DAWN_FAST_DEVICE_TOGGLES), "tokens": args.tokens, "results": []}
+    if sg is None:
+        report["note"] = "no f16 subgroup-matrix configuration on this adapter: SIMT only"
+    tiles = [t for t in kernels.SGMAT_TILES if sg and kernels.sgmat_variant(*t, sg) in kernels.TEMPLATES["matmul_sgmat"]]
+    if args.tiles:
+        wanted = set(args.tiles.split(","))
+        tiles = [t for t in tiles if kernels.sgmat_variant(*t, sg).rsplit("_sg", 1)[0] in wanted]
+    rng = np.random.default_rng(0)
+    tokens = args.tokens
+
+    def upload(a: np.ndarray) -> GpuTensor:
+        t = GpuTensor(ctx.scratch(a.nbytes), a.shape)
+        ctx.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, dtype=np.float32))
+        return t
+
+    best: dict[str, dict] = {}
+    for name, (rows, cols, kind) in shapes(args.model).items():
+        if args.shapes and name not in args.shapes.split(","):
+            continue
+        w16 = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+        xin = rng.standard_normal((tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
+        nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
+        b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
+        r = rng.standard_normal((tokens, rows), dtype=np.float32) if "residual" in kind else None
+        ref = reference(xin, w16, kind, nw, b, r)
+        scale = float(np.abs(ref).max())
+        variants = [("simt", None)] + [(kernels.sgmat_variant(*t, sg), t) for t in tiles]
+        for label, tile in variants:
+            ops = WgpuOps(ctx, weight_format="f16")
+            ops.tensor_cores = tile is not None
+            if tile is not None:
+                ops.sgmat_tiles = {(rows, cols): tile}
+            try:
+                weight = ops.weight(w16.astype(np.float32), name=f"{name}.weight")
+                nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
+                bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
+                x = upload(xin)
+                rt = upload(r) if r is not None else None
+
+                def run():
+                    xx = ops.silu_mul(x) if "silu" in kind else x
+                    if nwt is not None:
+                        return ops.norm_linear(xx, nwt, EPS, weight, bt)
+                    return ops.linear(xx, weight, bt, rt)
+
+                y = ops.read(run())
+                err = float(np.abs(y - ref).max()) / scale
+                run()  # warm
+                ops.read(run())
+                ctx.profile(True)
+                outs = [run() for _ in range(args.reps)]
+                ops.read(outs[-1])
+                times = [s for n, s in ctx.stats.kernel_times if n.startswith(("matmul", "silu"))]
+                ctx.profile(False)
+                us = 1e6 * float(np.sum(times)) / args.reps
+                entry = {"shape": name, "rows": rows, "cols": cols, "kernel": label, "us": round(us, 1),
+                         "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
+                         "ok": err < 2e-3}
+                ops.close()
+            except Exception as exc:  # noqa: BLE001 - reported per variant
+                entry = {"shape": name, "kernel": label, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+            report["results"].append(entry)
+            print(json.dumps(entry), file=sys.stderr, flush=True)
+            if entry.get("ok") and label != "simt" and entry["us"] < best.get(name, {}).get("us", 1e30):
+                best[name] = entry
+    report["best"] = {k: [v["kernel"], v["us"], v["tflops"]] for k, v in best.items()}
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
