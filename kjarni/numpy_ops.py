@@ -101,6 +101,7 @@ class NumpyKVCache:
 
 
 WEIGHT_FORMATS = ("f32", "f16")
+ACTIVATION_FORMATS = ("f32", "f16")
 
 
 class NumpyOps:
@@ -110,19 +111,40 @@ class NumpyOps:
     the memory of float32) and every product still computes in float32, a tile of rows at a time
     (`_linear_f16`). Weights are rounded to f16 once, so logits differ from the float32 reference
     by that rounding; norms, biases and activations stay float32.
+
+    ``activations="f16"`` rounds the input of each linear (of at least
+    ``f16_activation_min_tokens`` rows) to float16 before the float32 product: the math of the
+    GPU's tensor-core prefill (f16 x f16 products, f32 sums), to check the GPU against tightly and
+    to measure what that rounding costs against the float32 reference.
     """
 
     name = "cpu"
     decode_ahead = 1  # results are ready when computed: nothing to gain from running ahead
 
-    def __init__(self, attention_rows: int = ATTENTION_ROWS, weight_format: str = "f32") -> None:
+    def __init__(
+        self,
+        attention_rows: int = ATTENTION_ROWS,
+        weight_format: str = "f32",
+        *,
+        activations: str = "f32",
+        f16_activation_min_tokens: int = 1,
+    ) -> None:
         # Query rows per attention step: any value gives the same bits (see _attend), only speed.
         self.attention_rows = attention_rows
         if weight_format not in WEIGHT_FORMATS:
             raise InvalidConfigurationError(
                 f"NumpyOps weight_format {weight_format!r} is not one of: {', '.join(WEIGHT_FORMATS)}"
             )
+        if activations not in ACTIVATION_FORMATS:
+            raise InvalidConfigurationError(
+                f"NumpyOps activations {activations!r} is not one of: {', '.join(ACTIVATION_FORMATS)}"
+            )
         self.weight_format = weight_format
+        # "f16": the input of every linear of at least f16_activation_min_tokens rows is rounded
+        # to float16 first (after the norm and silu_mul before it), as the GPU's tensor-core
+        # prefill does (matmul_sgmat.tmpl.wgsl), so the GPU can be checked against it tightly.
+        self.activations = activations
+        self.f16_activation_min_tokens = int(f16_activation_min_tokens)
         self._tile = np.empty(0, dtype=np.float32)  # the f16 path's float32 tile, grown once
         self._scratch = np.empty(0, dtype=np.uint32)
 
@@ -158,6 +180,8 @@ class NumpyOps:
         bias: np.ndarray | None = None,
         residual: np.ndarray | None = None,
     ) -> np.ndarray:
+        if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
+            x = x.astype(np.float16).astype(np.float32)
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,
         # 2-3x faster at 2-8 rows and no slower for one row or a long prompt.

@@ -273,14 +273,15 @@ def test_index_zero_is_the_adapter_kjarni_opens_by_default(wgpu_context, monkeyp
 
     for name in ("KJARNI_GPU_ADAPTER", "CUDA_VISIBLE_DEVICES", "WGPU_BACKEND_TYPE"):
         monkeypatch.delenv(name, raising=False)
-    found = ad.list_adapters(_wgpu_runtime())
+    found = ad.list_adapters(wgpu_context.runtime)  # the runtime the session runs (KJARNI_WEBGPU_RUNTIME)
     assert found[0].index == 0 and found[0].usable
     assert choose_adapter(found).adapter.index == 0
     ctx = WgpuContext(adapter_index=0)
     try:
         assert ctx.description == wgpu_context.description == _describe(found[0].handle)
         assert ctx.adapter_choice == "adapter_index=0"
-        assert ctx.stats.adapter == ctx.description and ctx.stats.runtime.startswith("wgpu-py ")
+        assert ctx.stats.adapter == ctx.description and ctx.stats.runtime == wgpu_context.runtime.description
+        assert ctx.stats.runtime.startswith("wgpu-py " if ctx.runtime.name == "wgpu" else "wgpudawn ")
     finally:
         ctx.close()
 

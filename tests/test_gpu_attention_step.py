@@ -59,6 +59,11 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     rng = np.random.default_rng(heads * head_dim)
     width = (heads + 2 * kv_heads) * head_dim
     start = 0
+    # An f16 cache value is the rounding of an f32 result; where the GPU's f32 rotation differs
+    # from numpy's in its last bit (Dawn's compiler contracts other multiply-adds than naga's), a
+    # value next to a rounding boundary lands one f16 ulp (2^-11 relative) away: the cache is
+    # compared to one ulp and the outputs to what one such key or value moves them.
+    tol, cache_rtol = (5e-4, 2.0**-10) if kv_format == "f16" else (1e-4, 1e-5)
     for tokens in (prompt, 1, 1, 1, 1):  # a prefill (rope_store + the prefill kernels), then decode steps
         qkv = rng.standard_normal((tokens, width)).astype(np.float32)
         dispatches = ops.stats.dispatches
@@ -70,12 +75,12 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
         if kv_format == "f16":  # the GPU keeps the cache in f16: give numpy the same values
             cpu_cache.keys[:] = _f16(cpu_cache.keys)
             cpu_cache.values[:] = _f16(cpu_cache.values)
-        np.testing.assert_allclose(ops.read(out), ref.attention(q_ref, cpu_cache, 1, start, window), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(ops.read(out), ref.attention(q_ref, cpu_cache, 1, start, window), atol=tol, rtol=1e-4)
         start += tokens
     # The cache holds what numpy's holds (the fused kernel stored every decode token's k and v).
     keys = np.frombuffer(ops.context.read(gpu_cache.keys[1], 0, gpu_cache.keys[1].size), np.float16 if kv_format == "f16" else np.float32)
     keys = keys.reshape(kv_heads, capacity, head_dim)[:, :start].astype(np.float32)
-    np.testing.assert_allclose(keys, cpu_cache.keys[1][:, :start], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(keys, cpu_cache.keys[1][:, :start], atol=1e-5, rtol=cache_rtol)
 
 
 def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(wgpu_context):

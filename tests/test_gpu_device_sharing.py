@@ -59,8 +59,14 @@ def _app_device(wgpu_context):
     with what kjarni needs."""
     from kjarni.gpu import device_request
 
-    adapter = wgpu_context.adapter
+    adapter = _fresh_adapter(wgpu_context)
     return adapter, adapter.request_device_sync(**device_request(adapter))
+
+
+def _fresh_adapter(wgpu_context):
+    """An adapter of the session's runtime that has no device yet (Dawn's adapters make one device
+    each: the session context's is taken)."""
+    return wgpu_context.runtime.module.gpu.request_adapter_sync(power_preference="high-performance")
 
 
 def _builder(tiny_dir):
@@ -124,7 +130,7 @@ def test_closing_frees_exactly_the_generators_own_buffers(wgpu_context, tiny_dir
 def test_an_application_device_without_kjarnis_limits_is_refused_up_front(wgpu_context, tiny_dir):
     from kjarni.gpu import WgpuContext
 
-    device = wgpu_context.adapter.request_device_sync(
+    device = _fresh_adapter(wgpu_context).request_device_sync(
         required_limits={"max-compute-invocations-per-workgroup": 256, "max-compute-workgroup-size-x": 256}
     )
     with pytest.raises(UnsuitableDeviceError) as info:

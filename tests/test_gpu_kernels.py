@@ -344,6 +344,7 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
         return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
+    ops.tensor_cores = False  # the SIMT prefill kernel past matvec_max_tokens (Dawn: tests/test_gpu_tensor_cores.py)
     assert ops.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
     short, long = ops.weight(rand(rng, 40, 64), name="short"), ops.weight(rand(rng, 12, 2064), name="long")
     assert kernel(ops, short, 1) == kernel(ops, long, 1) == "matvec.f16:main"  # the decode template

@@ -42,6 +42,7 @@ def make_ops(wgpu_context):
 
     def make(weight_format: str, variant: str) -> WgpuOps:
         ops = WgpuOps(wgpu_context, weight_format=weight_format)
+        ops.tensor_cores = False  # these are the SIMT kernel's variants
         ops.matmul_min_big_tiles, ops.matmul_split_k_below, ops.matmul_splits, ops.matmul_nbuf = VARIANTS[variant]
         return ops
 
@@ -152,6 +153,7 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
+    ops.tensor_cores = False  # the SIMT kernels' selection (tests/test_gpu_tensor_cores.py: the other)
     rng = np.random.default_rng(1)
     x, small, short = upload(ops, rand(rng, 10, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 10, 8))
     calls = _recorded_constants(monkeypatch, wgpu_context)
@@ -198,6 +200,7 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format=fmt)
+    ops.tensor_cores = False  # f32 activations (the tensor-core path: tests/test_gpu_tensor_cores.py)
     ops.matmul_splits = splits
     rng = np.random.default_rng(7)
     tokens, cols, rows = 70, 96, 45

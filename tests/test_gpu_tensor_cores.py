@@ -1,0 +1,92 @@
+"""The tensor-core prefill matmul (shaders/matmul_sgmat.tmpl.wgsl) against NumpyOps with the same
+f16 rounding of the activations. Runs where the adapter has an f16 subgroup-matrix configuration
+(Dawn, e.g. on NVIDIA's Vulkan driver: KJARNI_WEBGPU_RUNTIME=dawn); skips with the reason elsewhere
+(wgpu-native has no subgroup matrices; Dawn does not run on Mesa 22.3's lavapipe)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kjarni.numpy_ops import NumpyOps
+from tests.test_gpu_prefill import f16_round, rand, upload
+
+ref16 = NumpyOps(activations="f16")
+ref32 = NumpyOps()
+
+
+@pytest.fixture
+def tc_ops(wgpu_context):
+    from kjarni.gpu import WgpuOps
+
+    if wgpu_context.f16_matrix_subgroup is None:
+        pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no f16 subgroup-matrix "
+                    "configuration (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
+    return WgpuOps(wgpu_context, weight_format="f16")
+
+
+def _ran(ops, weight, tokens) -> str:
+    return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
+
+
+@pytest.mark.parametrize("tile", [(64, 64, 32, 2, 2), (64, 128, 32, 2, 4), (128, 128, 32, 2, 4), (32, 64, 32, 1, 2)])
+@pytest.mark.parametrize("tokens,rows,cols", [(10, 29, 64), (70, 131, 96), (130, 200, 1120), (300, 9, 32)])
+def test_tensor_core_matmul_matches_numpy_with_f16_activations(tc_ops, tile, tokens, rows, cols):
+    from kjarni.gpu import kernels
+
+    ops = tc_ops
+    if kernels.sgmat_variant(*tile, ops.context.f16_matrix_subgroup) not in kernels.TEMPLATES["matmul_sgmat"]:
+        pytest.skip("tile not made at this subgroup size")
+    ops.sgmat_tiles = {(rows, cols): tile}
+    rng = np.random.default_rng(tokens * rows + cols)
+    x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
+    w16 = f16_round(w)
+    gx, gw = upload(ops, x), ops.weight(w, name="w")
+    got = ops.read(ops.linear(gx, gw, ops.weight(b, name="b"), residual=upload(ops, r)))
+    assert _ran(ops, gw, tokens).startswith("matmul_sgmat.")
+    want = ref16.linear(x, w16, b, r)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, atol=1e-5 * scale, rtol=0)  # f32 sums in another order
+    # ... and measurably not the f32-activation product (the rounding happened)
+    assert np.abs(ref32.linear(x, w16, b, r) - want).max() > 1e-5 * scale
+    got = ops.read(ops.norm_linear(gx, ops.weight(nw, name="n"), 1e-5, gw, ops.weight(b, name="b")))
+    want = ref16.norm_linear(x, nw, 1e-5, w16, b)
+    # The norm's f32 scale differs in its last bits, which can flip an f16 rounding: one f16 ulp
+    # of one activation (2^-11 relative) times a weight.
+    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_tensor_cores_apply_a_pending_silu_mul(tc_ops):
+    ops = tc_ops
+    rng = np.random.default_rng(7)
+    tokens, cols, rows = 70, 96, 45
+    gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
+    gw = ops.weight(w, name="w")
+    before = ops.stats.dispatches
+    got = ops.read(ops.linear(ops.silu_mul(upload(ops, gate_up)), gw, residual=upload(ops, r)))
+    assert ops.stats.dispatches - before == 3, "two uploads and one matmul: no silu_mul dispatch"
+    want = ref16.linear(ref32.silu_mul(gate_up), f16_round(w), None, r)
+    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_ops):
+    from kjarni.gpu import WgpuOps
+
+    ops = tc_ops
+    rng = np.random.default_rng(2)
+    w, odd = ops.weight(rand(rng, 40, 64), name="w"), ops.weight(rand(rng, 40, 72), name="odd")
+    for tokens, name in ((1, "matvec.f16:main"), (ops.matvec_max_tokens, "linear_f16:matvec_t")):
+        ops.linear(upload(ops, rand(rng, tokens, 64)), w)
+        assert _ran(ops, w, tokens) == name
+    ops.linear(upload(ops, rand(rng, 10, 64)), w)
+    assert _ran(ops, w, 10).startswith("matmul_sgmat.")
+    ops.linear(upload(ops, rand(rng, 10, 72)), odd)  # 72 columns: not a multiple of BK = 32
+    assert _ran(ops, odd, 10) == "matmul_f16:main"
+    q8 = WgpuOps(ops.context, weight_format="q8_0")
+    wq = q8.weight(rand(rng, 40, 64), name="wq")
+    q8.linear(upload(q8, rand(rng, 10, 64)), wq)
+    assert _ran(q8, wq, 10) == "matmul_q8_0:main"
+    ops.tensor_cores = False
+    w2 = ops.weight(rand(rng, 40, 64), name="w2")
+    ops.linear(upload(ops, rand(rng, 10, 64)), w2)
+    assert _ran(ops, w2, 10) == "matmul_f16:main"
