@@ -532,8 +532,7 @@ def test_gpu_q8_0_load_config_reaches_the_backend_and_generates_the_cpus_tokens(
     save_safetensors_model(folder, config, tensors)
     g = (Generator.builder().model_path(folder).with_context(wgpu_context).quiet()
          .with_load_config(lambda c: c.q8_0().kv_dtype("f32")).build())
-    ops = g.decoder.model.ops
-    assert ops.weight_format == "q8_0"
+    assert g.decoder.model.ops.weight_format == "q8_0"
     assert g.decoder.model.blocks[0].qkv.formats == ["Q8_0"] and g.decoder.model.blocks[1].down_proj.formats == ["Q8_0"]
     greedy = GenerationOverrides(max_tokens=12, temperature=0.0)
     assert [t.token_id for t in g.stream_with_config("hello", greedy)] == [

@@ -13,9 +13,9 @@ HANG_GUARD_S = 60
 
 class Gate:
     """Wraps a Generator's model forward: counts calls, and at call ``at`` signals ``reached`` and
-    waits for ``go`` (``at=0``: never stops)."""
+    waits for ``go``."""
 
-    def __init__(self, generator: Any, at: int = 0) -> None:
+    def __init__(self, generator: Any, at: int) -> None:
         self.calls = 0
         self.at = at
         self.reached = threading.Event()
