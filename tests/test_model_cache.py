@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kjarni import registry, sources
+from kjarni import pypi_gguf, registry, sources
 from kjarni.errors import DownloadFailedError, LoadFailedError
 from kjarni.registry import PyPIGguf
 from kjarni.sources import DownloadPolicy, resolve
@@ -40,8 +40,8 @@ def test_a_verified_cache_hit_is_hashed_once_until_the_file_changes(cache, monke
     use_entries(monkeypatch, split_entry())
     target = _place(cache, WHOLE)
     hashed = []
-    real = sources._sha256_of
-    monkeypatch.setattr(sources, "_sha256_of", lambda path, bar: hashed.append(path) or real(path, bar))
+    real = pypi_gguf._sha256_of
+    monkeypatch.setattr(pypi_gguf, "_sha256_of", lambda path, bar: hashed.append(path) or real(path, bar))
     for _ in range(3):
         assert resolve("tiny-split", cache_dir=cache, policy=DownloadPolicy.NEVER).path == target
     assert len(hashed) == 1

