@@ -2,6 +2,10 @@
 
 `ModelConfig` is what the model code reads; it never knows which file format it came from.
 `GenerationDefaults` holds the model author's sampling defaults (generation_config.json or GGUF).
+
+A little over 500 lines: two sources (config.json, GGUF metadata) translated into one dataclass, and
+RoPE scaling in its four spellings, each refused with a precise message when inconsistent. What is
+specific to one family lives in kjarni/models/.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ Format quirks are fixed here, once, as each family's module (kjarni/models/) dec
 names map to HF names through one literal table plus the family's overrides, GGUFs whose converter
 permuted the q/k rows get them un-permuted, a family's ``sanitize`` fixes its safetensors (GPT-2's
 Conv1D matrices), and a missing `lm_head.weight` aliases the family's embedding.
+
+Over 500 lines because it holds two readers of the same job, banner-separated: safetensors (our own
+reader: header, spans, shards) and GGUF (names, q/k permutation, truncation checks), both ending
+in the one `Weights` type and checked against one tensor list. Most of the length is the precise
+error for each way a file can be broken.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Sampling setters check their value at once (``InvalidConfigurationError`` names 
 range); ``build_parts()`` checks the rest before it downloads or loads anything. The public
 ``GeneratorBuilder`` (generator.py) is this class plus ``build()``, which turns the parts into a
 ``Generator``: so imports run one way, generator.py -> builder.py, never back.
+
+Over 500 lines because it is one class: about thirty chainable setters, each the public API with its
+docstring and its own check, and the few steps that turn them into parts. Splitting the setters from
+the wiring would split one object's state over two files.
 """
 
 from __future__ import annotations
