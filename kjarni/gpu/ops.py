@@ -254,13 +254,14 @@ class WgpuOps:
     matmul_nbuf = 1  # 2: double-buffered tiles (one barrier a K step) where workgroup memory allows
     # Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
     # overriding the rules above (S = 1 where a fused norm forbids the split). Defaults: the H200
-    # sweep's fastest on Qwen2.5-0.5B's and 1.5B's products at 512 tokens, f16 (docs/benchmarks.md,
-    # fifth session), used for every format and token count of those shapes.
+    # sweeps' fastest on Qwen2.5-0.5B's and 1.5B's products at 512 tokens, f16 (docs/benchmarks.md,
+    # fifth session; the 1.5B ones from the first sweep, before f16's loads were kept raw again),
+    # used for every format and token count of those shapes.
     matmul_configs: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int, int]]] = {
         (1152, 896): (8, 16, 8, 4, 1, 1),  # 0.5B qkv (fused norm)
         (896, 896): (8, 16, 8, 4, 1, 2),  # 0.5B o_proj
         (9728, 896): (8, 16, 8, 1, 1, 1),  # 0.5B gate_up (fused norm)
-        (896, 4864): (16, 16, 16, 1, 2, 4),  # 0.5B down_proj
+        (896, 4864): (8, 16, 8, 4, 1, 2),  # 0.5B down_proj
         (2048, 1536): (8, 8, 8, 2, 2, 1),  # 1.5B qkv
         (1536, 1536): (8, 16, 8, 4, 1, 4),  # 1.5B o_proj
         (17920, 1536): (8, 16, 8, 1, 2, 1),  # 1.5B gate_up
