@@ -12,7 +12,13 @@
 //   (converted) at the next. The per-token rms scale is computed first (a subgroup per token row).
 //   The results leave through a 16 x 16 f32 tile per subgroup in workgroup memory (bias, residual
 //   and bounds applied there).
-// Grid: (ceil(rows / BN), ceil(tokens / BM), 1); SM SN SG threads. Fields: BM, BN, BK, SM, SN, SG.
+// Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and writes its
+//   partial sums without bias or residual (the host clears those flags) to y[z tokens + t] (a
+//   [S, tokens, y_stride] scratch) for matmul_reduce.wgsl; the norm's scale still covers whole rows.
+// Grid: (ceil(rows / BN), ceil(tokens / BM), S); SM SN SG threads. Fields: BM, BN, BK, SM, SN, SG and
+//   the register code written out per tile by kernels.sgmat_fields (XDECL, XLOADN, XSTORE,
+//   WDECL, WLOADN, WSTORE, ACC, MMA, OUT): no private arrays indexed in loops, which the
+//   driver may leave in local memory.
 
 enable f16;
 enable subgroups;
@@ -53,6 +59,7 @@ fn silu_mul4(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
@@ -93,146 +100,71 @@ fn main(
     }
     workgroupBarrier();
 
-    // This thread's loads of a step: x vec4 q = lid + j WG is token q / (BK / 4), vec4 q % (BK / 4);
-    // W vec4<u32> q is row q / (BK / 8), chunk q % (BK / 8).
-    var xr: array<vec4<f32>, NX>;
-    var ur: array<vec4<f32>, NX>;
-    var nr: array<vec4<f32>, NX>;
-    var wr: array<vec4<u32>, NW>;
-    for (var j = 0u; j < NX; j++) {
-        let q = lid + j * WG;
-        let t = t0 + q / (BK / 4u);
-        let c = q % (BK / 4u);
-        xr[j] = vec4<f32>(0.0);
-        ur[j] = vec4<f32>(1.0);
-        nr[j] = vec4<f32>(1.0);
-        if (t < tokens) {
-            xr[j] = x[t * xrs + c];
-            if (silu) {
-                ur[j] = x[t * xrs + up + c];
-            }
-        }
-        if (norm) {
-            nr[j] = norm_weight[c];
-        }
-    }
-    for (var j = 0u; j < NW; j++) {
-        let q = lid + j * WG;
-        let r = r0 + q / (BK / 8u);
-        wr[j] = vec4<u32>(0u);
-        if (r < rows) {
-            wr[j] = w_a[r * wrs + q % (BK / 8u)];
-        }
-    }
+    // K steps of this workgroup (all of them unless split over grid z).
+    let steps = cols / BK;
+    let per = (steps + nwg.z - 1u) / nwg.z;
+    let k_begin = min(steps, wid.z * per) * BK;
+    let k_end = min(steps, wid.z * per + per) * BK;
+    let t_out = wid.z * tokens;  // the partial's first row of y when split
 
-    var acc: array<subgroup_matrix_result<f32, 16, 16>, TMT * TNT>;
-    for (var i = 0u; i < TMT * TNT; i++) {
-        acc[i] = subgroup_matrix_result<f32, 16, 16>();
+    // This thread's loads of a step: x vec4 q = lid + j WG is token q / (BK / 4), vec4 q % (BK / 4);
+    // W vec4<u32> q is row q / (BK / 8), chunk q % (BK / 8). Loaded before the step's products,
+    // converted and stored at the next step.
+    let xq_t = lid / (BK / 4u);
+    let xq_c = lid % (BK / 4u);
+    let wq_r = lid / (BK / 8u);
+    let wq_c = lid % (BK / 8u);
+{{XDECL}}
+{{WDECL}}
+    var kn = k_begin;
+    if (kn < k_end) {
+{{XLOADN}}
+{{WLOADN}}
     }
+{{ACC}}
     let sm = sg / SN;
     let sn = sg % SN;
     let xb = sm * TMT * 16u * LDS;
     let wb = sn * TNT * 16u * LDS;
 
-    for (var k0 = 0u; k0 < cols; k0 += BK) {
-        // Store the loaded step, converted to f16.
-        for (var j = 0u; j < NX; j++) {
-            let q = lid + j * WG;
-            let t = q / (BK / 4u);
-            var v = xr[j];
-            if (silu) {
-                v = silu_mul4(v, ur[j]);
-            }
-            let h = vec4<f16>(v * scale[t] * nr[j]);
-            let o = t * LDS + 4u * (q % (BK / 4u));
-            xs[o] = h.x;
-            xs[o + 1u] = h.y;
-            xs[o + 2u] = h.z;
-            xs[o + 3u] = h.w;
-        }
-        for (var j = 0u; j < NW; j++) {
-            let q = lid + j * WG;
-            let o = (q / (BK / 8u)) * LDS + 8u * (q % (BK / 8u));
-            let a = bitcast<vec2<f16>>(wr[j].x);
-            let b = bitcast<vec2<f16>>(wr[j].y);
-            let c = bitcast<vec2<f16>>(wr[j].z);
-            let d = bitcast<vec2<f16>>(wr[j].w);
-            ws[o] = a.x;
-            ws[o + 1u] = a.y;
-            ws[o + 2u] = b.x;
-            ws[o + 3u] = b.y;
-            ws[o + 4u] = c.x;
-            ws[o + 5u] = c.y;
-            ws[o + 6u] = d.x;
-            ws[o + 7u] = d.y;
-        }
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+{{XSTORE}}
+{{WSTORE}}
         workgroupBarrier();
-        // Issue the next step's loads before this step's products.
-        let kn = k0 + BK;
-        if (kn < cols) {
-            for (var j = 0u; j < NX; j++) {
-                let q = lid + j * WG;
-                let t = t0 + q / (BK / 4u);
-                let c = kn / 4u + q % (BK / 4u);
-                if (t < tokens) {
-                    xr[j] = x[t * xrs + c];
-                    if (silu) {
-                        ur[j] = x[t * xrs + up + c];
-                    }
-                }
-                if (norm) {
-                    nr[j] = norm_weight[c];
-                }
-            }
-            for (var j = 0u; j < NW; j++) {
-                let q = lid + j * WG;
-                let r = r0 + q / (BK / 8u);
-                if (r < rows) {
-                    wr[j] = w_a[r * wrs + kn / 8u + q % (BK / 8u)];
-                }
-            }
+        kn = k0 + BK;
+        if (kn < k_end) {
+{{XLOADN}}
+{{WLOADN}}
         }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            var a: array<subgroup_matrix_left<f16, 16, 16>, TMT>;
-            var b: array<subgroup_matrix_right<f16, 16, 16>, TNT>;
-            for (var i = 0u; i < TMT; i++) {
-                a[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&xs, xb + i * 16u * LDS + kk, LDS);
-            }
-            for (var j = 0u; j < TNT; j++) {
-                b[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&ws, wb + j * 16u * LDS + kk, LDS);
-            }
-            for (var i = 0u; i < TMT; i++) {
-                for (var j = 0u; j < TNT; j++) {
-                    acc[i * TNT + j] = subgroupMatrixMultiplyAccumulate(a[i], b[j], acc[i * TNT + j]);
-                }
-            }
-        }
+{{MMA}}
         workgroupBarrier();
     }
 
     // Out through this subgroup's 16 x 16 tile of workgroup memory: bounds, bias, residual.
+{{OUT}}
+}
+
+// Writes result tile (i, j) of subgroup sg: rows t0 + ti .. of y (t_out more when split).
+fn write_tile(m: subgroup_matrix_result<f32, 16, 16>, sg: u32, lane: u32, tb: u32, rb: u32, t_out: u32) {
+    subgroupMatrixStore<row_major>(&cs, sg * 256u, m, 16u);
+    workgroupBarrier();
+    let tokens = params.tokens;
     let has_bias = (params.flags & 1u) != 0u;
     let has_residual = (params.flags & 2u) != 0u;
-    for (var i = 0u; i < TMT; i++) {
-        for (var j = 0u; j < TNT; j++) {
-            subgroupMatrixStore<row_major>(&cs, sg * 256u, acc[i * TNT + j], 16u);
-            workgroupBarrier();
-            for (var e = lane; e < 256u; e += SG) {
-                let t = t0 + (sm * TMT + i) * 16u + e / 16u;
-                let r = r0 + (sn * TNT + j) * 16u + e % 16u;
-                if (t < tokens && r < rows) {
-                    let o = params.row_offset + r;
-                    var v = cs[sg * 256u + e];
-                    if (has_bias) {
-                        v += bias[o];
-                    }
-                    if (has_residual) {
-                        v += residual[t * params.y_stride + o];
-                    }
-                    y[t * params.y_stride + o] = v;
-                }
+    for (var e = lane; e < 256u; e += SG) {
+        let t = tb + e / 16u;
+        let r = rb + e % 16u;
+        if (t < tokens && r < params.rows) {
+            let o = params.row_offset + r;
+            var v = cs[sg * 256u + e];
+            if (has_bias) {
+                v += bias[o];
             }
-            workgroupBarrier();
+            if (has_residual) {
+                v += residual[t * params.y_stride + o];
+            }
+            y[(t_out + t) * params.y_stride + o] = v;
         }
     }
+    workgroupBarrier();
 }

@@ -29,15 +29,17 @@ def _ran(ops, weight, tokens) -> str:
     return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("tile", [(64, 64, 32, 2, 2), (64, 128, 32, 2, 4), (128, 128, 32, 2, 4), (32, 64, 32, 1, 2)])
 @pytest.mark.parametrize("tokens,rows,cols", [(10, 29, 64), (70, 131, 96), (130, 200, 1120), (300, 9, 32)])
-def test_tensor_core_matmul_matches_numpy_with_f16_activations(tc_ops, tile, tokens, rows, cols):
+def test_tensor_core_matmul_matches_numpy_with_f16_activations(tc_ops, tile, splits, tokens, rows, cols):
     from kjarni.gpu import kernels
 
     ops = tc_ops
     if kernels.sgmat_variant(*tile, ops.context.f16_matrix_subgroup) not in kernels.TEMPLATES["matmul_sgmat"]:
         pytest.skip("tile not made at this subgroup size")
     ops.sgmat_tiles = {(rows, cols): tile}
+    ops.sgmat_splits = splits  # 3: over grid z, then matmul_reduce (fewer where K has fewer steps)
     rng = np.random.default_rng(tokens * rows + cols)
     x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
     w16 = f16_round(w)

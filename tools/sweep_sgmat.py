@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="comma-separated BMxBNxBK_SMxSN (default: all)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
+    parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
     parser.add_argument("--robust", action="store_true", help="without Dawn's disable_robustness/disable_workgroup_init")
     args = parser.parse_args()
 
@@ -91,10 +92,13 @@ def main() -> None:
         r = rng.standard_normal((tokens, rows), dtype=np.float32) if "residual" in kind else None
         ref = reference(xin, w16, kind, nw, b, r)
         scale = float(np.abs(ref).max())
-        variants = [("simt", None)] + [(kernels.sgmat_variant(*t, sg), t) for t in tiles]
-        for label, tile in variants:
+        splits_list = [None if v == "auto" else int(v) for v in args.splits.split(",")]
+        variants = [("simt", None, None)] + [(kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), t, sp)
+                                             for t in tiles for sp in splits_list]
+        for label, tile, sp in variants:
             ops = WgpuOps(ctx, weight_format="f16")
             ops.tensor_cores = tile is not None
+            ops.sgmat_splits = sp
             if tile is not None:
                 ops.sgmat_tiles = {(rows, cols): tile}
             try:
@@ -118,11 +122,12 @@ def main() -> None:
                 outs = [run() for _ in range(args.reps)]
                 ops.read(outs[-1])
                 times = [s for n, s in ctx.stats.kernel_times if n.startswith(("matmul", "silu"))]
+                parts = sorted({n for n, _ in ctx.stats.kernel_times})
                 ctx.profile(False)
                 us = 1e6 * float(np.sum(times)) / args.reps
                 entry = {"shape": name, "rows": rows, "cols": cols, "kernel": label, "us": round(us, 1),
                          "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
-                         "ok": err < 2e-3}
+                         "ok": err < 2e-3, "dispatches": parts}
                 ops.close()
             except Exception as exc:  # noqa: BLE001 - reported per variant
                 entry = {"shape": name, "kernel": label, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}

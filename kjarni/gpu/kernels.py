@@ -68,6 +68,84 @@ def sgmat_variant(bm: int, bn: int, bk: int, sm: int, sn: int, sg: int) -> str:
     return f"{bm}x{bn}x{bk}_{sm}x{sn}_sg{sg}"
 
 
+def sgmat_fields(bm: int, bn: int, bk: int, sm: int, sn: int, sg: int) -> dict[str, str]:
+    """The fields of ``matmul_sgmat.tmpl.wgsl`` for one tile: its sizes, and the per-register code
+    written out (each thread's NX x loads and NW W loads of a step, the subgroup's TMT x TNT result
+    matrices and their products, BK / 16 a step)."""
+    wg = sm * sn * sg
+    nx, nw = bm * bk // 4 // wg, bn * bk // 8 // wg
+    tmt, tnt = bm // (16 * sm), bn // (16 * sn)
+    xdecl = "\n".join(f"    var xr{j} = vec4<f32>(0.0);\n    var ur{j} = vec4<f32>(1.0);\n    var nr{j} = vec4<f32>(1.0);"
+                      for j in range(nx))
+    xload = "\n".join(
+        f"""            {{
+                let t = t0 + xq_t + {j * wg // (bk // 4)}u;
+                let c = kn / 4u + xq_c;
+                if (t < tokens) {{
+                    xr{j} = x[t * xrs + c];
+                    if (silu) {{
+                        ur{j} = x[t * xrs + up + c];
+                    }}
+                }}
+                if (norm) {{
+                    nr{j} = norm_weight[c];
+                }}
+            }}""" for j in range(nx))
+    xstore = "\n".join(
+        f"""        {{
+            let t = xq_t + {j * wg // (bk // 4)}u;
+            var v = xr{j};
+            if (silu) {{
+                v = silu_mul4(v, ur{j});
+            }}
+            let h = vec4<f16>(v * scale[t] * nr{j});
+            let o = t * LDS + 4u * xq_c;
+            xs[o] = h.x;
+            xs[o + 1u] = h.y;
+            xs[o + 2u] = h.z;
+            xs[o + 3u] = h.w;
+        }}""" for j in range(nx))
+    wdecl = "\n".join(f"    var wr{j} = vec4<u32>(0u);" for j in range(nw))
+    wload = "\n".join(
+        f"""            {{
+                let r = r0 + wq_r + {j * wg // (bk // 8)}u;
+                if (r < rows) {{
+                    wr{j} = w_a[r * wrs + kn / 8u + wq_c];
+                }}
+            }}""" for j in range(nw))
+    wstore = "\n".join(
+        f"""        {{
+            let o = (wq_r + {j * wg // (bk // 8)}u) * LDS + 8u * wq_c;
+            let a = bitcast<vec2<f16>>(wr{j}.x);
+            let b = bitcast<vec2<f16>>(wr{j}.y);
+            let c = bitcast<vec2<f16>>(wr{j}.z);
+            let d = bitcast<vec2<f16>>(wr{j}.w);
+            ws[o] = a.x;
+            ws[o + 1u] = a.y;
+            ws[o + 2u] = b.x;
+            ws[o + 3u] = b.y;
+            ws[o + 4u] = c.x;
+            ws[o + 5u] = c.y;
+            ws[o + 6u] = d.x;
+            ws[o + 7u] = d.y;
+        }}""" for j in range(nw))
+    acc = "\n".join(f"    var acc{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i in range(tmt) for j in range(tnt))
+    mma = []
+    for kk in range(0, bk, 16):
+        mma.append("        {")
+        mma += [f"            let a{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&xs, xb + {16 * i}u * LDS + {kk}u, LDS);"
+                for i in range(tmt)]
+        mma += [f"            let b{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&ws, wb + {16 * j}u * LDS + {kk}u, LDS);"
+                for j in range(tnt)]
+        mma += [f"            acc{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, b{j}, acc{i}_{j});" for i in range(tmt) for j in range(tnt)]
+        mma.append("        }")
+    out = "\n".join(f"    write_tile(acc{i}_{j}, sg, lane, t0 + (sm * TMT + {i}u) * 16u, r0 + (sn * TNT + {j}u) * 16u, t_out);"
+                     for i in range(tmt) for j in range(tnt))
+    return {"BM": str(bm), "BN": str(bn), "BK": str(bk), "SM": str(sm), "SN": str(sn), "SG": str(sg),
+            "XDECL": xdecl, "XLOADN": xload, "XSTORE": xstore, "WDECL": wdecl, "WLOADN": wload,
+            "WSTORE": wstore, "ACC": acc, "MMA": "\n".join(mma), "OUT": out}
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
@@ -76,7 +154,7 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
                for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     "matmul_sgmat": {
-        sgmat_variant(bm, bn, bk, sm, sn, sg): {"BM": str(bm), "BN": str(bn), "BK": str(bk), "SM": str(sm), "SN": str(sn), "SG": str(sg)}
+        sgmat_variant(bm, bn, bk, sm, sn, sg): sgmat_fields(bm, bn, bk, sm, sn, sg)
         for bm, bn, bk, sm, sn in SGMAT_TILES for sg in (32, 64)
         if bn * bk % (8 * sm * sn * sg) == 0 and bm * bk % (4 * sm * sn * sg) == 0  # whole loads per thread
     },

@@ -272,6 +272,9 @@ class WgpuOps:
     # per (segment rows, cols) a tile of kernels.SGMAT_TILES, else `sgmat_tile`'s choice.
     tensor_cores = True
     sgmat_tiles: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int]]] = {}
+    sgmat_splits: int | None = None  # K split over workgroups: None = automatic (below), or a count
+    sgmat_split_below = 264  # fewer tiles than this (2 waves of the H200's 132 SMs): split K
+    sgmat_max_splits = 4
     matvec_rows = 4  # rows per workgroup of the matvec kernels
     matvec_max_threads = 256  # threads per matvec workgroup: about one 8-column chunk each, 64 ..= this
     matvec_subgroup_max_chunks = 256  # rows up to 8 x this columns: one subgroup per rows (matvec_sg)
@@ -574,14 +577,18 @@ class WgpuOps:
         )
         dispatches = []
         for seg in weight.segments:
-            splits = (self._matmul_splits(seg.rows, tokens, cols, flags, rows)
-                      if self._uses_matmul(seg, tokens) and self.sgmat_tile(seg, tokens, cols) is None else 1)
+            tile = self.sgmat_tile(seg, tokens, cols)
+            if tile is not None:
+                splits = self._sgmat_splits(tile, seg.rows, tokens, cols, rows)
+            else:
+                splits = self._matmul_splits(seg.rows, tokens, cols, flags, rows) if self._uses_matmul(seg, tokens) else 1
             if splits == 1:
                 pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
                 continue
             # Split K: partial sums (no bias, no residual) into the scratch, then matmul_reduce.
-            pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags & LINEAR_SILU, eps)
+            kept = LINEAR_SILU | (LINEAR_NORM if tile is not None else 0)  # matmul_sgmat's norm covers whole rows
+            pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags & kept, eps)
             dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "partial"))
             params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
                                              row_offset=seg.row_offset, y_stride=rows, eps=eps))
@@ -733,6 +740,21 @@ class WgpuOps:
         if cols % tile[2] or kernels.sgmat_variant(*tile, sg) not in kernels.TEMPLATES["matmul_sgmat"]:
             return None
         return tile
+
+    def _sgmat_splits(self, tile: tuple[int, int, int, int, int], rows: int, tokens: int, cols: int, y_stride: int) -> int:
+        """Workgroups splitting K (grid z, then matmul_reduce) for the tensor-core matmul:
+        ``sgmat_splits`` if set, else enough to make about ``sgmat_split_below`` workgroups when
+        the tiles are fewer (at most ``sgmat_max_splits``, at least 4 K steps each), within one
+        storage binding of partials."""
+        bm, bn, bk = tile[:3]
+        tiles = -(-rows // bn) * -(-tokens // bm)
+        splits = self.sgmat_splits
+        if splits is None:
+            splits = min(self.sgmat_max_splits, -(-self.sgmat_split_below // tiles)) if tiles < self.sgmat_split_below else 1
+        splits = min(int(splits), cols // bk // 4)
+        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
 
     def _matmul_splits(self, rows: int, tokens: int, cols: int, flags: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless
