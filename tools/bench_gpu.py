@@ -111,7 +111,7 @@ def build(shape: str, fmt: str, ops):
     return DecoderModel(ModelConfig.from_dict(config), RandomWeights(config, fmt), ops)
 
 
-def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
+def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = False) -> dict:
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(ctx, weight_format="f16")
@@ -173,13 +173,14 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     split_s = time.perf_counter() - t0
     del ops.attention_single_max  # back to the class default
 
-    verify_ms = _verify_costs(model, ops, cache, token, steps)
-    sampling = _sampling_costs(model, ops, cache, prompt, token, steps)
+    # --core: prefill, greedy decode, recording and the per-step GPU time only (a short device call).
+    verify_ms = _verify_costs(model, ops, cache, token, steps) if not core else None
+    sampling = _sampling_costs(model, ops, cache, prompt, token, steps) if not core else {}
 
     result = {
         "shape": shape, "format": fmt, "context": context,
         "verify_ms_by_k": verify_ms,
-        "verify_over_decode_k8": round(verify_ms["8"] / verify_ms["0"], 2),
+        "verify_over_decode_k8": round(verify_ms["8"] / verify_ms["0"], 2) if verify_ms else None,
         "prefill_tok_s": round(context / prefill_s, 1),
         "decode_tok_s": round(steps / decode_s, 1),
         "decode_ms": round(1000 * decode_s / steps, 3),
@@ -197,7 +198,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
     }
     if ctx.has_timestamps:
         try:
-            for key, tokens in (("", [token]), ("verify_k8_", [token] * 9)):
+            for key, tokens in (("", [token]),) + ((("verify_k8_", [token] * 9),) if not core else ()):
                 ctx.profile(True)
                 int(ops.argmax(model.forward(tokens, cache, logits="all"))[0])
                 cache.trim(len(tokens))
@@ -215,7 +216,8 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx) -> dict:
                     order = [[name, round(1e6 * s, 2)] for name, s in kernel_times]
                     result["dispatch_us_first"] = order[:11]
                     result["dispatch_us_last"] = order[-3:]
-            result["verify_k8_gpu_over_decode"] = round(result["verify_k8_gpu_us_per_step"] / result["gpu_us_per_step"], 2)
+            if not core:
+                result["verify_k8_gpu_over_decode"] = round(result["verify_k8_gpu_us_per_step"] / result["gpu_us_per_step"], 2)
         except Exception as exc:  # timestamps are optional
             ctx._profile = None
             result["kernels_us"] = f"unavailable: {exc}"
@@ -426,6 +428,8 @@ def main() -> None:
     parser.add_argument("--tuning", metavar="JSON", help="kernel choices from tools/sweep_matvec.py --tuning-out")
     parser.add_argument("--runtime", choices=("wgpu", "dawn"), default=None,
                         help="WebGPU runtime: wgpu (wgpu-py, the default) or dawn (wgpudawn); default KJARNI_WEBGPU_RUNTIME")
+    parser.add_argument("--core", action="store_true",
+                        help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
@@ -459,7 +463,7 @@ def main() -> None:
         for fmt in args.formats.split(","):
             try:
                 report["results"].append(bench_prefill(shape, fmt.strip(), args.context, ctx) if args.prefill_only
-                                          else bench_gpu(shape, fmt.strip(), args.context, args.steps, ctx))
+                                          else bench_gpu(shape, fmt.strip(), args.context, args.steps, ctx, args.core))
             except Exception as exc:
                 report["results"].append({"shape": shape, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
             print(json.dumps(report["results"][-1]), file=sys.stderr, flush=True)

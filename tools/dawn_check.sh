@@ -1,6 +1,6 @@
 #!/bin/bash
-# One device call for the Dawn runtime (issue 20): the GPU test files under both runtimes, then
-# tools/bench_gpu.py on Dawn and on wgpu-native side by side. Results land in $OUT as they finish
+# One device call for the Dawn runtime (issue 20): tools/bench_gpu.py on Dawn and on wgpu-native side
+# by side, then the GPU test files under both runtimes (what time is left). Results land in $OUT as they finish
 # (a run cut short by its time limit keeps the finished parts):
 #   tests_<runtime>.txt   pytest's summary (counts, failures with their messages)
 #   bench_<runtime>.json  bench_gpu's JSON
@@ -21,6 +21,11 @@ tests=${DAWN_CHECK_TESTS:-$(ls tests/test_gpu_*.py)}
 if [ -n "${DAWN_CHECK_EXTRA:-}" ]; then
     timeout "${EXTRA_SECS:-120}" bash -c "$DAWN_CHECK_EXTRA" >"$OUT/extra.txt" 2>&1
 fi
+for rt in ${DAWN_CHECK_BENCH:-dawn wgpu}; do
+    timeout "${BENCH_SECS:-150}" python3 tools/bench_gpu.py --runtime "$rt" "${bench_args[@]}" >"$OUT/bench_$rt.json" 2>"$OUT/bench_$rt.err"
+    tail -c 3000 "$OUT/bench_$rt.err" >>"$OUT/bench_$rt.json"
+    rm -f "$OUT/bench_$rt.err"
+done
 for rt in ${DAWN_CHECK_RUNTIMES:-dawn wgpu}; do
     # One pytest per file, all within $secs: a file cut short by the deadline loses only itself.
     end=$((SECONDS + secs))
@@ -31,10 +36,5 @@ for rt in ${DAWN_CHECK_RUNTIMES:-dawn wgpu}; do
         KJARNI_WEBGPU_RUNTIME=$rt timeout "$left" python3 -m pytest -p no:cacheprovider -q -rfEs --tb=line \
             --maxfail=20 "$f" 2>&1 | grep -v -E '^\.+ *(\[ *[0-9]+%\])?$|^$' >>"$OUT/tests_$rt.txt"
     done
-done
-for rt in ${DAWN_CHECK_BENCH:-dawn wgpu}; do
-    timeout "${BENCH_SECS:-150}" python3 tools/bench_gpu.py --runtime "$rt" "${bench_args[@]}" >"$OUT/bench_$rt.json" 2>"$OUT/bench_$rt.err"
-    tail -c 3000 "$OUT/bench_$rt.err" >>"$OUT/bench_$rt.json"
-    rm -f "$OUT/bench_$rt.err"
 done
 grep -h -E "passed|failed|error" "$OUT"/tests_*.txt | tail -n 4
