@@ -430,6 +430,8 @@ def main() -> None:
                         help="WebGPU runtime: wgpu (wgpu-py, the default) or dawn (wgpudawn); default KJARNI_WEBGPU_RUNTIME")
     parser.add_argument("--core", action="store_true",
                         help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
+    parser.add_argument("--sgmat-choice", metavar="JSON",
+                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out (skipped if missing)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
@@ -443,6 +445,11 @@ def main() -> None:
             parser.error(f"WgpuOps has no attribute {name!r}")
         setattr(WgpuOps, name, float(value) if "." in value else int(value))
     tuning = _apply_tuning(args.tuning) if args.tuning else None
+    sgmat_choice = None
+    if args.sgmat_choice and Path(args.sgmat_choice).is_file():
+        sgmat_choice = json.loads(Path(args.sgmat_choice).read_text())
+        WgpuOps.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c["tile"] else None for c in sgmat_choice}
+        WgpuOps.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c["splits"]}
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):
@@ -457,7 +464,7 @@ def main() -> None:
                       dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if args.dawn_fast else ())
     shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
     report = {"adapter": ctx.description, "runtime": ctx.runtime.description,
-              "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if args.dawn_fast else [], "features": sorted(ctx.features), "tuning": tuning, "set": args.set,
+              "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if args.dawn_fast else [], "features": sorted(ctx.features), "tuning": tuning, "sgmat_choice": sgmat_choice, "set": args.set,
               "results": []}
     for shape in shapes:
         for fmt in args.formats.split(","):

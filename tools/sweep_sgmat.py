@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
+    parser.add_argument("--out", help="write the per-shape choice (JSON) here, for bench_gpu.py --sgmat-choice")
     parser.add_argument("--robust", action="store_true", help="without Dawn's disable_robustness/disable_workgroup_init")
     args = parser.parse_args()
 
@@ -136,6 +137,24 @@ def main() -> None:
             if entry.get("ok") and label != "simt" and entry["us"] < best.get(name, {}).get("us", 1e30):
                 best[name] = entry
     report["best"] = {k: [v["kernel"], v["us"], v["tflops"]] for k, v in best.items()}
+    # Per shape, what WgpuOps should run (bench_gpu.py --sgmat-choice): the fastest correct tile and
+    # split, or the SIMT kernel where it was faster.
+    choice = []
+    for name, (rows, cols, _) in shapes(args.model).items():
+        if args.shapes and name not in args.shapes.split(","):
+            continue
+        simt = next((e for e in report["results"] if e["shape"] == name and e["kernel"] == "simt" and "us" in e), None)
+        tc = best.get(name)
+        if tc is None or (simt is not None and simt["us"] <= tc["us"]):
+            choice.append({"rows": rows, "cols": cols, "tile": None, "splits": None})
+        else:
+            label = tc["kernel"]
+            tile = next(t for t in tiles if label.startswith(kernels.sgmat_variant(*t, sg)))
+            splits = int(label.rsplit("_s", 1)[1]) if "_s" in label.rsplit("_sg", 1)[1] else None
+            choice.append({"rows": rows, "cols": cols, "tile": list(tile), "splits": splits})
+    report["choice"] = choice
+    if args.out:
+        Path(args.out).write_text(json.dumps(choice))
     print(json.dumps(report, indent=1))
 
 

@@ -271,7 +271,8 @@ class WgpuOps:
     # prefill of f16 segments where the device has an f16 subgroup-matrix configuration (Dawn):
     # per (segment rows, cols) a tile of kernels.SGMAT_TILES, else `sgmat_tile`'s choice.
     tensor_cores = True
-    sgmat_tiles: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int]]] = {}
+    sgmat_tiles: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int] | None]] = {}  # None: SIMT
+    sgmat_split_counts: ClassVar[dict[tuple[int, int], int]] = {}  # per (rows, cols), over the rule below
     sgmat_splits: int | None = None  # K split over workgroups: None = automatic (below), or a count
     sgmat_split_below = 264  # fewer tiles than this (2 waves of the H200's 132 SMs): split K
     sgmat_max_splits = 4
@@ -729,11 +730,13 @@ class WgpuOps:
         """(BM, BN, BK, SM, SN) of the tensor-core matmul for this prefill product, or None for the
         SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on and
         a device with an f16 subgroup-matrix configuration, ``cols`` a multiple of BK. Tiles:
-        ``sgmat_tiles`` per (rows, cols), else 64 x 128 where that makes at least 2 waves of 132
+        ``sgmat_tiles`` per (rows, cols) (None there: SIMT), else 64 x 128 where that makes at least 2 waves of 132
         workgroups, else 64 x 64."""
         sg = self.context.f16_matrix_subgroup
         if not (self.tensor_cores and sg and seg.format == "f16" and tokens > self.matvec_max_tokens):
             return None
+        if (seg.rows, cols) in self.sgmat_tiles and self.sgmat_tiles[(seg.rows, cols)] is None:
+            return None  # measured: the SIMT kernel is faster for this shape
         tile = self.sgmat_tiles.get((seg.rows, cols))
         if tile is None:
             tile = (64, 128, 32, 2, 4) if -(-seg.rows // 128) * -(-tokens // 64) >= 264 else (64, 64, 32, 2, 2)
@@ -743,12 +746,12 @@ class WgpuOps:
 
     def _sgmat_splits(self, tile: tuple[int, int, int, int, int], rows: int, tokens: int, cols: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z, then matmul_reduce) for the tensor-core matmul:
-        ``sgmat_splits`` if set, else enough to make about ``sgmat_split_below`` workgroups when
+        ``sgmat_splits`` if set, else ``sgmat_split_counts[(rows, cols)]``, else enough to make about ``sgmat_split_below`` workgroups when
         the tiles are fewer (at most ``sgmat_max_splits``, at least 4 K steps each), within one
         storage binding of partials."""
         bm, bn, bk = tile[:3]
         tiles = -(-rows // bn) * -(-tokens // bm)
-        splits = self.sgmat_splits
+        splits = self.sgmat_splits if self.sgmat_splits is not None else self.sgmat_split_counts.get((rows, cols))
         if splits is None:
             splits = min(self.sgmat_max_splits, -(-self.sgmat_split_below // tiles)) if tiles < self.sgmat_split_below else 1
         splits = min(int(splits), cols // bk // 4)
