@@ -460,11 +460,13 @@ def main() -> None:
 
     from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
 
-    ctx = WgpuContext(args.adapter, runtime=args.runtime,
-                      dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if args.dawn_fast else ())
+    from kjarni.gpu.runtime import requested_runtime
+
+    fast = args.dawn_fast and requested_runtime(args.runtime) == "dawn"  # ignored on wgpu-native
+    ctx = WgpuContext(args.adapter, runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if fast else ())
     shapes = ["smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b"] if args.model == "all" else [args.model]
     report = {"adapter": ctx.description, "runtime": ctx.runtime.description,
-              "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if args.dawn_fast else [], "features": sorted(ctx.features), "tuning": tuning, "sgmat_choice": sgmat_choice, "set": args.set,
+              "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if fast else [], "features": sorted(ctx.features), "tuning": tuning, "sgmat_choice": sgmat_choice, "set": args.set,
               "results": []}
     for shape in shapes:
         for fmt in args.formats.split(","):
