@@ -445,7 +445,8 @@ def _devices(args: argparse.Namespace) -> int:
             format_bytes(limits.get("max-compute-workgroup-storage-size", 0)), usable,
         ))
     _table(rows)
-    print(f"\n* kjarni would open: {reason}. Choose with --gpu N or KJARNI_GPU_ADAPTER=N.", file=sys.stderr)
+    if not args.quiet:
+        print(f"\n* kjarni would open: {reason}. Choose with --gpu N or KJARNI_GPU_ADAPTER=N.", file=sys.stderr)
     return EXIT_OK
 
 

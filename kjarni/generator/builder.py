@@ -26,11 +26,15 @@ from typing import Any, Callable, Iterable, Self
 
 from kjarni import registry, sources
 from kjarni.errors import (
+    DownloadFailedError,
     GpuUnavailableError,
     HostOutOfMemoryError,
     InvalidConfigurationError,
     KjarniError,
     LoadFailedError,
+    ModelNotDownloadedError,
+    ModelPathNotFoundError,
+    UnknownModelError,
 )
 from kjarni.generator.config import (
     KJARNI_DEFAULTS,
@@ -437,8 +441,9 @@ class PartsBuilder:
     def _source(self) -> sources.ModelSource:
         if self._model_path is not None:
             if not self._model_path.exists():
-                raise LoadFailedError(
-                    f"model_path {str(self._model_path)!r} does not exist; pass a .gguf file or a folder "
+                raise ModelPathNotFoundError(
+                    f"No such file or folder: {self._model_path.expanduser().absolute()} (model_path "
+                    f"{str(self._model_path)!r} does not exist); pass a .gguf file or a folder "
                     f"with config.json, tokenizer.json and *.safetensors"
                 )
             return sources.resolve(self._model_path, quiet=self._quiet)
@@ -452,6 +457,13 @@ class PartsBuilder:
             quiet=self._quiet,
             prefer=self._load_config.prefer,  # None: reuse whichever form is cached
         )
+
+    def _resolve_draft(self) -> sources.ModelSource:
+        assert self._draft is not None
+        try:
+            return self._resolve(self._draft[0])
+        except (UnknownModelError, ModelNotDownloadedError, DownloadFailedError, LoadFailedError) as error:
+            raise type(error)(f"the draft model: {error}") from error  # say which of the two it is about
 
     def _ops(self, device: KjarniDevice, context: Any) -> tuple[Any, Any, KjarniDevice]:
         """``(ops, gpu context or None, resolved device)`` for ``device``; a GPU uses ``context`` if given."""
@@ -468,10 +480,12 @@ class PartsBuilder:
             if software is None:
                 ops, context = _gpu_ops(self._load_config, None)
                 return ops, context, KjarniDevice.GPU
-            reason = f"the only WebGPU adapter is {software}, a software one slower than numpy; gpu() uses it anyway"
+            reason = (f"the only WebGPU adapter is {software}, a software one slower than numpy "
+                      f"(gpu() or --device gpu would still use it)")
         except GpuUnavailableError as error:
             reason = f"no usable GPU: {error}"
-        notice(f"{reason}. Running on the CPU (device='cpu' chooses it without this notice).", self._quiet)
+        notice(f"{reason}. Running on the CPU (device='cpu' or --device cpu chooses it without this notice).",
+               self._quiet)
         return NumpyOps(weight_format=self._load_config.cpu_weight_format), None, KjarniDevice.CPU
 
     def _load(self, source: sources.ModelSource, ops: Any, device: KjarniDevice) -> Any:
@@ -554,7 +568,7 @@ class PartsBuilder:
         """
         self._check()
         source = self._source()
-        draft_source = self._resolve(self._draft[0]) if self._draft is not None else None  # fail before loading
+        draft_source = self._resolve_draft() if self._draft is not None else None  # fail before loading
         ops, context, device = self._ops(self._device, self._context)
         loaded = self._load(source, ops, device)
         context_size = loaded.model.context_size

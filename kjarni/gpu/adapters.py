@@ -297,7 +297,8 @@ def choose_adapter(
         found = [a for a in adapters if a.index == index]
         if not found:
             raise GpuUnavailableError(
-                f"{index_source}={index}: there is no adapter {index}; found: {_listing(adapters)}"
+                f"{index_source}={index}: there is no adapter {index}; found: {_listing(adapters)} "
+                f"(`kjarni devices` lists them)"
             )
         if not passes(found[0]):
             raise GpuUnavailableError(
