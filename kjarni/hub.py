@@ -149,25 +149,29 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def is_unreachable(error: BaseException) -> bool:
-    """True when ``error`` (or what it was raised from) means no answer came from the hub."""
+def _transport_failure(error: BaseException) -> BaseException | None:
+    """The innermost "no answer" error in ``error``'s chain (what it was raised from), or None."""
     transport = _transport_errors()
+    found = None
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, transport):
-            return True
+            found = current
         current = current.__cause__ or current.__context__
-    return False
+    return found
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when ``error`` (or what it was raised from) means no answer came from the hub."""
+    return _transport_failure(error) is not None
 
 
 def unreachable_message(name: str, error: BaseException, cache: Path) -> str:
     """The hub could not be reached for ``name``: why, and the ways to run without it."""
     endpoint = _endpoint() or "https://huggingface.co"
-    root = error
-    while root.__cause__ is not None or root.__context__ is not None:
-        root = root.__cause__ or root.__context__  # type: ignore[assignment]
+    root = _transport_failure(error) or error
     detail = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
     return (
         f"The Hugging Face hub ({endpoint}) could not be reached to fetch {name} "

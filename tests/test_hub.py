@@ -6,6 +6,7 @@ at a fresh folder; the fake logs each request, so "no second download" is a coun
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from pathlib import Path
@@ -216,3 +217,19 @@ def test_owner_name_is_a_path_when_the_owner_folder_exists_and_hf_co_forces_the_
         resolve("test-org/Tiny-Chat", quiet=True)
     assert fake_hub.requests == []
     assert resolve("hf.co/test-org/Tiny-Chat", quiet=True).name == "test-org/Tiny-Chat"
+
+
+def test_pull_of_an_unreachable_repo_reports_the_network_failure_not_the_registry_miss(tmp_path, monkeypatch, capsys):
+    from kjarni import cli
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with DroppingEndpoint() as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint.url)
+        assert cli.main(["pull", "test-org/Tiny-Chat-GGUF:Q4_K_M", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert endpoint.attempts == 1 and err.count("\n") == 1
+    prefix = f"kjarni: error: The Hugging Face hub ({endpoint.url}) could not be reached to fetch test-org/Tiny-Chat-GGUF:Q4_K_M ("
+    assert err.startswith(prefix)
+    assert re.match(r"\w*(Protocol|Connect|Connection|Read)\w*Error: ", err[len(prefix):])  # the client's own error
+    assert "Unknown model" not in err
