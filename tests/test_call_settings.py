@@ -110,3 +110,13 @@ def test_bad_keywords_are_refused_before_any_work(tiny: Generator, settings: dic
     finally:
         model.forward = forward  # type: ignore[method-assign]
     assert calls == []
+
+
+@pytest.mark.parametrize("stop", [5, 2.5, object()])
+def test_a_stop_that_is_no_string_or_list_is_a_configuration_error(tiny: Generator, stop: object) -> None:
+    with pytest.raises(InvalidConfigurationError, match="must be a non-empty str or a list of them"):
+        tiny.generate("the", max_tokens=2, stop=stop)
+    with pytest.raises(InvalidConfigurationError, match="must be a non-empty str or a list of them"):
+        GenerationOverrides(stop=stop)
+    with pytest.raises(InvalidConfigurationError, match="must be a non-empty str or a list of them"):
+        Generator.builder().stop(stop)

@@ -251,7 +251,15 @@ def call_overrides(runtime_overrides: GenerationOverrides | None, settings: Mapp
 
 def normalize_stop(stop: str | Iterable[str]) -> tuple[str, ...]:
     """Stop strings as a tuple; a single string is one stop string, never its characters."""
-    items = (stop,) if isinstance(stop, str) else tuple(stop)
+    if isinstance(stop, str):
+        items: tuple[object, ...] = (stop,)
+    else:
+        try:
+            items = tuple(stop)
+        except TypeError:  # a number, None inside a setting: say what was expected
+            raise InvalidConfigurationError(
+                f"stop={stop!r} must be a non-empty str or a list of them, got {type(stop).__name__}"
+            ) from None
     for item in items:
         if not isinstance(item, str) or item == "":
             raise InvalidConfigurationError(f"stop string {item!r} must be a non-empty str")
