@@ -30,67 +30,13 @@ from the full logits with the same generator state.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from kjarni.errors import InvalidConfigurationError, NonFiniteLogitsError
-
-
-# ---------------------------------------------------------------- validation
-
-MIN_TEMPERATURE = 1e-5
-"""The smallest temperature above 0 accepted (vLLM's threshold too). Logits are divided by it in
-float32: ``1e-50`` is 0 in float32 and would turn every logit into inf or NaN after the prefill, so
-anything in ``(0, MIN_TEMPERATURE)`` is refused up front; 0 asks for greedy decoding."""
-
-
-SAMPLING_RANGES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "temperature": (lambda v: _finite(v) and (v == 0 or v >= MIN_TEMPERATURE),
-                    f"0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller ones overflow float32 logits)"),
-    "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 means off)"),
-    "top_p": (lambda v: _finite(v) and 0 < v <= 1, "in (0, 1] (1 means off)"),
-    "min_p": (lambda v: _finite(v) and 0 <= v <= 1, "in [0, 1] (0 means off)"),
-    "repetition_penalty": (lambda v: _finite(v) and v > 0, "> 0 (1 means off)"),
-}
-"""Every sampling setting's valid range, the one place it is written: (test, description)."""
-
-
-def check_sampling(**settings: object) -> None:
-    """Raise ``InvalidConfigurationError`` naming the first setting (in the order given) outside its
-    ``SAMPLING_RANGES`` range; a setting given as None is not set and not checked."""
-    for name, value in settings.items():
-        ok, valid = SAMPLING_RANGES[name]
-        if value is not None and not ok(value):
-            raise InvalidConfigurationError(f"{name}={value!r} is out of range: {name} must be {valid}")
-
-
-def validate_sampling(
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    repetition_penalty: float,
-    max_tokens: int,
-) -> None:
-    """Raise ``InvalidConfigurationError`` naming the first value outside its valid range
-    (``SAMPLING_RANGES``): temperature 0 (greedy) or >= ``MIN_TEMPERATURE``, top_k >= 0 (0 disables),
-    0 < top_p <= 1 (1 disables), 0 <= min_p <= 1 (0 disables), repetition_penalty > 0 (1 disables),
-    max_tokens >= 1.
-    """
-    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   repetition_penalty=repetition_penalty, max_tokens=max_tokens)
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+from kjarni.errors import NonFiniteLogitsError
+from kjarni.settings import GenerationParams
 
 
 # ---------------------------------------------------------------- filters (pure)
@@ -199,21 +145,18 @@ def _log_softmax_at(logits: np.ndarray, token: int) -> float:
 
 @dataclass(frozen=True)
 class Sampler:
-    """The sampling settings, validated; made by ``make_sampler``.
+    """The sampler chain built from one ``GenerationParams``: ``Sampler(params)``, or ``make_sampler``.
 
-    ``temperature = 0`` is greedy. ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` disable their
-    filter; ``repetition_penalty = 1`` disables the penalty.
+    It reads ``temperature``, ``top_k``, ``top_p``, ``min_p`` and ``repetition_penalty`` from
+    ``settings`` (validated when they were made): ``temperature = 0`` is greedy, ``top_k = 0``,
+    ``top_p = 1`` and ``min_p = 0`` disable their filter, ``repetition_penalty = 1`` the penalty.
     """
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    settings: GenerationParams
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.settings.greedy
 
     @property
     def needs_full_logits(self) -> bool:
@@ -223,14 +166,14 @@ class Sampler:
         ``candidate_count`` candidates (``sample_candidates``) instead of reading the vocabulary.
         top-p and min-p after top-k only look at the k survivors, so they do not need the rest.
         """
-        if self.repetition_penalty != 1.0:
+        if self.settings.repetition_penalty != 1.0:
             return True
-        return not (self.greedy or self.top_k > 0)
+        return not (self.greedy or self.settings.top_k > 0)
 
     @property
     def candidate_count(self) -> int:
         """How many top candidates ``sample_candidates`` wants: one more than ``top_k``, to see ties."""
-        return self.top_k + 1
+        return self.settings.top_k + 1
 
     def distribution(
         self, logits: np.ndarray, history: Sequence[int] | np.ndarray = (), *, step: str = "a sampling step"
@@ -240,7 +183,7 @@ class Sampler:
         NaN or inf logits raise ``NonFiniteLogitsError`` naming ``step`` (here and in ``sample``,
         ``sample_candidates``)."""
         logits = _check_logits(logits, step)
-        penalised = apply_repetition_penalty(logits, history, self.repetition_penalty)
+        penalised = apply_repetition_penalty(logits, history, self.settings.repetition_penalty)
         probs = np.zeros(logits.shape[-1], dtype=np.float64)
         if self.greedy:
             probs[int(np.argmax(penalised))] = 1.0
@@ -259,7 +202,7 @@ class Sampler:
         logits, before temperature and filters (what "logprobs" means in OpenAI's API and mlx-lm).
         """
         logits = _check_logits(logits, step)
-        penalised = apply_repetition_penalty(logits, history, self.repetition_penalty)
+        penalised = apply_repetition_penalty(logits, history, self.settings.repetition_penalty)
         if self.greedy:
             token = int(np.argmax(penalised))  # first maximum: lowest id wins ties
         else:
@@ -284,10 +227,10 @@ class Sampler:
         _check_logits(values, step)
         # Scale first: the full path applies top-k to scaled logits, and float32 division can
         # turn two close logits into a tie.
-        scaled = apply_temperature(values, self.temperature)
+        scaled = apply_temperature(values, self.settings.temperature)
         order = np.lexsort((ids, -scaled))
         scaled, ids = scaled[order], ids[order]
-        k = self.top_k
+        k = self.settings.top_k
         if len(scaled) > k:
             if scaled[k] == scaled[k - 1]:
                 return None
@@ -300,19 +243,19 @@ class Sampler:
 
     def _surviving(self, penalised: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ids (ascending) and probabilities of the tokens left after temperature and the filters."""
-        scaled = apply_temperature(penalised, self.temperature)
-        if self.top_k > 0:
-            scaled = top_k_filter(scaled, self.top_k)
+        scaled = apply_temperature(penalised, self.settings.temperature)
+        if self.settings.top_k > 0:
+            scaled = top_k_filter(scaled, self.settings.top_k)
         ids = np.flatnonzero(np.isfinite(scaled))
         return self._filter_tail(ids, scaled[ids])
 
     def _filter_tail(self, ids: np.ndarray, scaled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         values = scaled.astype(np.float64)
-        if self.top_p < 1.0:
-            keep = _top_p_keep(values, ids, self.top_p)
+        if self.settings.top_p < 1.0:
+            keep = _top_p_keep(values, ids, self.settings.top_p)
             ids, values = ids[keep], values[keep]
-        if self.min_p > 0.0:
-            keep = _min_p_keep(values, self.min_p)
+        if self.settings.min_p > 0.0:
+            keep = _min_p_keep(values, self.settings.min_p)
             ids, values = ids[keep], values[keep]
         return ids, _softmax(values)
 
@@ -324,9 +267,10 @@ def make_sampler(
     min_p: float = 0.0,
     repetition_penalty: float = 1.0,
 ) -> Sampler:
-    """A validated ``Sampler`` (``InvalidConfigurationError`` names any value out of range)."""
-    validate_sampling(temperature, top_k, top_p, min_p, repetition_penalty, max_tokens=1)
-    return Sampler(float(temperature), int(top_k), float(top_p), float(min_p), float(repetition_penalty))
+    """``Sampler(GenerationParams(...))`` with just the sampling settings (``InvalidConfigurationError``
+    names any value out of range)."""
+    return Sampler(GenerationParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                    repetition_penalty=repetition_penalty))
 
 
 class FixedDraw:

@@ -441,6 +441,6 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 def _logprob(logits: np.ndarray, history: Sequence[int], token: int, sampler: Sampler) -> float:
     """Log-softmax of the penalised logits at ``token``, as ``Sampler.sample`` reports it."""
-    x = apply_repetition_penalty(logits, history, sampler.repetition_penalty).astype(np.float64)
+    x = apply_repetition_penalty(logits, history, sampler.settings.repetition_penalty).astype(np.float64)
     m = x.max()
     return float(x[token] - m - np.log(np.exp(x - m).sum()))

@@ -24,42 +24,9 @@ from kjarni.decode import generate_step
 from kjarni.detokenizer import StopStrings, StreamingDetokenizer
 from kjarni.errors import ContextOverflowError, InvalidConfigurationError
 from kjarni.prefix_cache import PrefixCache
-from kjarni.sampler import Sampler, make_sampler, validate_sampling
+from kjarni.sampler import Sampler
+from kjarni.settings import GenerationParams
 from kjarni.speculative import speculative_step, validate_draft_p_min, validate_draft_tokens
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Everything one generation needs beyond the prompt; validated on construction.
-
-    ``seed=None`` draws fresh entropy. ``eos_token_ids`` end generation and are never emitted as
-    text. ``stop`` strings end it too; the text before the first one is emitted, the stop string
-    itself is not. ``logprobs=True`` makes every ``TokenEvent`` carry a logprob (it forces the
-    whole vocabulary to be read each step); otherwise the greedy and top-k paths skip it and
-    report ``None``.
-    """
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    eos_token_ids: frozenset[int] = frozenset()
-    logprobs: bool = False
-
-    def __post_init__(self) -> None:
-        validate_sampling(
-            self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty, self.max_tokens
-        )
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "eos_token_ids", frozenset(int(i) for i in self.eos_token_ids))
-        StopStrings(self.stop)  # rejects empty stop strings now rather than mid-generation
-
-    def sampler(self) -> Sampler:
-        """The `Sampler` these settings describe."""
-        return make_sampler(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
 
 
 @dataclass(frozen=True)
@@ -214,13 +181,14 @@ def stream_generate(
     stats.cached_prompt_tokens = min(kv_cache.offset, len(prompt) - 1)
 
     rng = np.random.default_rng(params.seed)
+    sampler = Sampler(params)
     if draft is None:
         steps = generate_step(
-            model, prompt, params.sampler(), rng, kv_cache, logprobs=params.logprobs, max_tokens=params.max_tokens
+            model, prompt, sampler, rng, kv_cache, logprobs=params.logprobs, max_tokens=params.max_tokens
         )
     else:
         steps = speculative_step(
-            model, draft, prompt, params.sampler(), rng, kv_cache, draft_cache,
+            model, draft, prompt, sampler, rng, kv_cache, draft_cache,
             num_draft_tokens=num_draft_tokens, draft_p_min=draft_p_min, max_tokens=params.max_tokens,
             logprobs=params.logprobs, on_round=stats.count_round, on_plain=stats.count_plain,
         )

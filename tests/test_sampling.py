@@ -18,8 +18,8 @@ from kjarni.sampler import (
     min_p_filter,
     top_k_filter,
     top_p_filter,
-    validate_sampling,
 )
+from kjarni.settings import GenerationParams
 
 # Logits on a coarse grid so that ties happen often.
 tied_logits = hnp.arrays(
@@ -149,16 +149,14 @@ def test_temperature_divides_and_stays_float32():
     ],
 )
 def test_validation_names_the_value_and_range(field, kwargs):
-    args = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, max_tokens=1)
-    args.update(kwargs)
     with pytest.raises(InvalidConfigurationError, match=field) as info:
-        validate_sampling(**args)
+        GenerationParams(**kwargs)
     assert "must be" in str(info.value)
 
 
 def test_valid_edges_are_accepted():
-    validate_sampling(0.0, 0, 1.0, 0.0, 1.0, 1)
-    validate_sampling(2.0, 5, 0.01, 1.0, 0.5, 10)
+    GenerationParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, max_tokens=1)
+    GenerationParams(temperature=2.0, top_k=5, top_p=0.01, min_p=1.0, repetition_penalty=0.5, max_tokens=10)
     assert make_sampler(0.0).greedy
 
 
@@ -292,6 +290,6 @@ def test_candidates_detect_a_tie_at_the_boundary_without_consuming_the_rng():
 
 def test_sampler_is_a_plain_frozen_dataclass():
     sampler = make_sampler(0.5, 3, 0.9, 0.1, 1.2)
-    assert sampler == Sampler(0.5, 3, 0.9, 0.1, 1.2)
+    assert sampler == Sampler(GenerationParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, repetition_penalty=1.2))
     with pytest.raises(Exception):
-        sampler.temperature = 1.0  # type: ignore[misc]
+        sampler.settings = GenerationParams()  # type: ignore[misc]

@@ -13,6 +13,7 @@ from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 from kjarni.loader import load_model
 from kjarni.model import DecoderModel
 from kjarni.numpy_ops import NumpyOps
+from kjarni.sampler import Sampler
 from kjarni.speculative import check_draft_compatible, speculative_step
 from kjarni.weights import load_weights
 from tests.test_generate import FakeTokenizer
@@ -112,7 +113,7 @@ def test_rejection_rolls_both_caches_back_to_the_accepted_tokens(target, draft):
     tcache, dcache = target.new_cache(64), draft.new_cache(64)
     seen = []
     steps = speculative_step(
-        target, draft, PROMPT, GenerationParams(temperature=0).sampler(), np.random.default_rng(0),
+        target, draft, PROMPT, Sampler(GenerationParams(temperature=0)), np.random.default_rng(0),
         tcache, dcache, num_draft_tokens=4, max_tokens=40,
         on_round=lambda proposed, accepted, stopped: seen.append((proposed, accepted, tcache.offset, dcache.offset)),
     )
@@ -253,7 +254,7 @@ def test_speculative_sampling_follows_the_targets_distribution(target, draft, se
     so the test can tell the two apart.
     """
     n, k = 2500, 2
-    sampler = GenerationParams(**settings).sampler()
+    sampler = Sampler(GenerationParams(**settings))
     counts: dict = {}
     stats = GenerationStats()
     accepted = proposed = 0

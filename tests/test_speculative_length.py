@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kjarni.errors import InvalidConfigurationError
+from kjarni.sampler import Sampler
 from kjarni.stream import GenerationParams, GenerationStats, stream_generate
 from kjarni.speculative import INITIAL_DRAFT_TOKENS, MAX_DRAFT_TOKENS, DraftLength, speculative_step
 from tests.test_generate import FakeTokenizer
@@ -178,7 +179,7 @@ def run(target, draft, max_tokens, draft_cost, params=None, **kwargs):
     stats = GenerationStats()
     capacity = len(PROMPT) + max_tokens
     steps = speculative_step(
-        t, d, PROMPT, params.sampler(), np.random.default_rng(params.seed), target.new_cache(capacity),
+        t, d, PROMPT, Sampler(params), np.random.default_rng(params.seed), target.new_cache(capacity),
         draft.new_cache(capacity), max_tokens=max_tokens, on_round=stats.count_round,
         on_plain=stats.count_plain, clock=clock, **kwargs,
     )
@@ -264,7 +265,7 @@ def test_sampling_with_the_adaptive_length_and_early_stops_follows_the_targets_d
         counts[tokens] = counts.get(tokens, 0) + 1
         stops, rounds = stops + stats.draft_stops, rounds + stats.rounds
     assert 0.1 * rounds < stops < 0.9 * rounds  # early stops and full rounds both exercised
-    exact = _exact_joint(target, GenerationParams(**settings).sampler(), PROMPT, 3)
+    exact = _exact_joint(target, Sampler(GenerationParams(**settings)), PROMPT, 3)
     stat, df = _chi_square(counts, exact, n)
     assert stat < _critical(df), f"chi-square {stat:.1f} with {df} degrees of freedom"
 

@@ -548,13 +548,10 @@ class PartsBuilder:
                 [*sorted(loaded.tokenizer.eos_token_ids), *loaded.generation_defaults.eos_token_ids, *loaded.config.eos_token_id]
             )
         )
-        config = dataclasses.replace(KJARNI_DEFAULTS, eos_token_ids=eos)
-        config = config.with_overrides(model_overrides(loaded.generation_defaults))
+        layers = model_overrides(loaded.generation_defaults)
         if self._preset is not None:
-            config = config.with_overrides(
-                GenerationOverrides(temperature=self._preset.temperature, max_tokens=self._preset.default_max_tokens)
-            )
-        return config.with_overrides(self._overrides)
+            layers = layers.merged(self._preset.overrides())
+        return layers.merged(self._overrides).resolve(dataclasses.replace(KJARNI_DEFAULTS, eos_token_ids=eos))
 
     def _warn(self, message: str) -> None:
         if not (self._allow_warnings or self._quiet):

@@ -5,7 +5,8 @@ Generation settings are resolved in this order, each layer overriding only what 
     kjarni's defaults < the model's defaults (generation_config.json) < preset < builder < per call
 
 ``GenerationOverrides`` is one layer (every field optional); ``ResolvedGenerationConfig`` is the
-result, with every field set and validated.
+result, with every field set: ``kjarni.settings.GenerationParams``, the one settings type, which
+validates itself once when made.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import numbers
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from kjarni.errors import InvalidConfigurationError
-from kjarni.sampler import check_sampling
+from kjarni.settings import GenerationParams
 
 
 class KjarniDevice(enum.Enum):
@@ -43,6 +43,10 @@ class KjarniDevice(enum.Enum):
 
 
 # ---------------------------------------------------------------- loading
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 WEIGHT_FORMATS = ("f32", "f16", "quantized", "q8_0")
 CPU_WEIGHT_FORMATS = ("f32", "f16")
@@ -168,10 +172,14 @@ class GenerationOverrides:
     """One layer of generation settings; ``None`` leaves a field to the layers below.
 
     ``temperature=0`` means greedy (argmax); a temperature above 0 must be at least
-    ``kjarni.sampler.MIN_TEMPERATURE`` (1e-5). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
+    ``kjarni.settings.MIN_TEMPERATURE`` (1e-5). ``top_k=0``, ``top_p=1`` and ``min_p=0`` switch
     those filters off; ``repetition_penalty=1`` is no penalty. ``stop`` strings end the text
     before the first occurrence of any of them. Any integral (``numpy.int64(3)``) is accepted
     where an int is expected and any real number where a float is.
+
+    ``resolve(base)`` lays it over a complete ``ResolvedGenerationConfig``. The fields it sets are
+    checked (and normalised) on construction by that one settings type, so a bad value is
+    reported where it was written, with the message every other path gives.
     """
 
     max_tokens: int | None = None
@@ -184,50 +192,41 @@ class GenerationOverrides:
     stop: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.stop is not None:
-            object.__setattr__(self, "stop", normalize_stop(self.stop))
-        for name in _INT_FIELDS + _FLOAT_FIELDS:
-            object.__setattr__(self, name, _plain_number(getattr(self, name), integral=name in _INT_FIELDS))
-        # Checked here so a bad value is reported where it was written, before any work.
-        validate_overrides(self)
+        changes = self.changes()
+        checked = GenerationParams(**changes)
+        for name in changes:
+            object.__setattr__(self, name, getattr(checked, name))
+
+    def changes(self) -> dict[str, Any]:
+        """The fields this layer sets, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
     def merged(self, other: GenerationOverrides | None) -> GenerationOverrides:
         """This layer with ``other`` on top: ``other``'s set fields win."""
-        if other is None:
-            return self
-        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other) if getattr(other, f.name) is not None}
-        return dataclasses.replace(self, **changes)
+        return self if other is None else dataclasses.replace(self, **other.changes())
+
+    def resolve(self, base: ResolvedGenerationConfig) -> ResolvedGenerationConfig:
+        """``base`` with this layer's set fields applied."""
+        changes = self.changes()
+        return dataclasses.replace(base, **changes) if changes else base
 
     def is_empty(self) -> bool:
-        return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+        return not self.changes()
 
 
-_INT_FIELDS = ("max_tokens", "top_k", "seed")
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty")
 SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GenerationOverrides))
 """The per-call keyword arguments of ``generate``, ``stream``, ``stream_text`` and their twins."""
 
 
-def _plain_number(value: object, *, integral: bool) -> object:
-    """numpy scalars (and other ``numbers`` types) as plain int / float; anything else unchanged,
-    for validation to refuse with its message."""
-    if value is None or isinstance(value, bool):
-        return value
-    if integral and isinstance(value, numbers.Integral):
-        return int(value)
-    if not integral and isinstance(value, numbers.Real) and type(value) is not float:
-        return float(value)
-    return value
-
-
-def call_overrides(runtime_overrides: GenerationOverrides | None, settings: Mapping[str, Any]) -> GenerationOverrides | None:
-    """The per-call layer: ``runtime_overrides`` or keyword ``settings`` (llama-cpp-python's and
-    mlx-lm's names: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-    ``repetition_penalty``, ``seed``, ``stop``), never both.
+def call_changes(runtime_overrides: GenerationOverrides | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings one call changes: ``runtime_overrides``' set fields or keyword ``settings``
+    (llama-cpp-python's and mlx-lm's names: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty``, ``seed``, ``stop``), never both.
 
     ``None`` values in ``settings`` are left to the layers below. Raises
-    ``InvalidConfigurationError`` for an unknown name (suggesting the close one), for both forms
-    at once, or for a value out of range.
+    ``InvalidConfigurationError`` for an unknown name (suggesting the close one) or for both forms
+    at once; values are checked where they are applied (``dataclasses.replace`` on the resolved
+    config), once.
     """
     if runtime_overrides is not None and not isinstance(runtime_overrides, GenerationOverrides):
         raise InvalidConfigurationError(
@@ -246,88 +245,13 @@ def call_overrides(runtime_overrides: GenerationOverrides | None, settings: Mapp
             f"pass generation settings either as a GenerationOverrides or as keyword arguments "
             f"({', '.join(given)}), not both: put them all in one"
         )
-    return GenerationOverrides(**given) if given else runtime_overrides
+    return runtime_overrides.changes() if runtime_overrides is not None else given
 
 
-def normalize_stop(stop: str | Iterable[str]) -> tuple[str, ...]:
-    """Stop strings as a tuple; a single string is one stop string, never its characters."""
-    if isinstance(stop, str):
-        items: tuple[object, ...] = (stop,)
-    else:
-        try:
-            items = tuple(stop)
-        except TypeError:  # a number, None inside a setting: say what was expected
-            raise InvalidConfigurationError(
-                f"stop={stop!r} must be a non-empty str or a list of them, got {type(stop).__name__}"
-            ) from None
-    for item in items:
-        if not isinstance(item, str) or item == "":
-            raise InvalidConfigurationError(f"stop string {item!r} must be a non-empty str")
-    return tuple(dict.fromkeys(items))
+ResolvedGenerationConfig = GenerationParams
+"""Every generation setting, resolved from the layers: the one settings type
+(``kjarni.settings.GenerationParams``) under the API's name. ``seed=None`` draws fresh entropy for
+each call; ``eos_token_ids`` are the model's end ids; ``greedy`` is temperature 0."""
 
-
-@dataclass(frozen=True)
-class ResolvedGenerationConfig:
-    """Every generation setting, resolved from the layers and validated.
-
-    ``seed=None`` draws fresh entropy for each call; ``eos_token_ids`` are the model's end ids.
-    """
-
-    max_tokens: int = 256
-    temperature: float = 0.7
-    top_k: int = 50
-    top_p: float = 0.9
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    eos_token_ids: tuple[int, ...] = ()
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding is argmax (temperature 0)."""
-        return self.temperature == 0.0
-
-    def with_overrides(self, overrides: GenerationOverrides | None) -> ResolvedGenerationConfig:
-        """A new resolved config with ``overrides``' set fields applied, validated."""
-        if overrides is None or overrides.is_empty():
-            return self
-        changes = {
-            f.name: getattr(overrides, f.name)
-            for f in dataclasses.fields(overrides)
-            if getattr(overrides, f.name) is not None
-        }
-        resolved = dataclasses.replace(self, **changes)
-        validate(resolved)
-        return resolved
-
-
-KJARNI_DEFAULTS = ResolvedGenerationConfig()
+KJARNI_DEFAULTS = ResolvedGenerationConfig(max_tokens=256, temperature=0.7, top_k=50, top_p=0.9)
 """kjarni's own defaults, the bottom layer: mild sampling (temperature 0.7, top-k 50, top-p 0.9)."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def validate_overrides(overrides: GenerationOverrides) -> None:
-    """Check every set field of ``overrides`` (``InvalidConfigurationError`` names value and range)."""
-    _check(**{f.name: getattr(overrides, f.name) for f in dataclasses.fields(overrides)})
-
-
-def validate(config: ResolvedGenerationConfig) -> None:
-    """Check a resolved config (``InvalidConfigurationError`` names value and range)."""
-    _check(
-        max_tokens=config.max_tokens, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-        min_p=config.min_p, repetition_penalty=config.repetition_penalty, seed=config.seed, stop=config.stop,
-    )
-
-
-def _check(*, max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop) -> None:  # noqa: ANN001
-    # The sampling ranges live in one table (sampler.SAMPLING_RANGES); seed and stop are the API's own.
-    check_sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   repetition_penalty=repetition_penalty)
-    if seed is not None and (not _is_int(seed) or seed < 0):
-        raise InvalidConfigurationError(f"seed={seed!r} is out of range: seed must be an integer >= 0")
-    if stop is not None:
-        normalize_stop(stop)

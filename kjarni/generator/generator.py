@@ -25,7 +25,7 @@ from kjarni.generator.config import (
     KjarniDevice,
     LoadConfig,
     ResolvedGenerationConfig,
-    call_overrides,
+    call_changes,
 )
 from kjarni.generator.streams import AsyncTokenStream, TokenStream, _thread_token, _ThreadToken
 
@@ -246,7 +246,8 @@ class Generator:
     #
     # Every call takes the per-call settings either as a GenerationOverrides (the *_with_config
     # forms) or as keyword arguments (``generate(prompt, max_tokens=64, temperature=0)``), as in
-    # llama-cpp-python and mlx-lm; ``config.call_overrides`` turns them into one layer.
+    # llama-cpp-python and mlx-lm; ``config.call_changes`` turns them into the
+    # settings the call changes, applied to the resolved config in one step (validated once).
 
     def generate(self, prompt: str, **settings: Any) -> str:
         """The text generated after ``prompt``.
@@ -387,13 +388,14 @@ class Generator:
         self, messages: list[dict], overrides: GenerationOverrides | None, settings: dict[str, Any]
     ) -> tuple[list[int], ResolvedGenerationConfig]:
         """Token ids of the rendered conversation and the settings, end of turn added to the end ids."""
-        config = self._config.with_overrides(call_overrides(overrides, settings))
+        changes = call_changes(overrides, settings)
         template = self.chat_template
+        end = template.end_of_turn_id
+        if end is not None and end not in self._config.eos_token_ids:
+            changes["eos_token_ids"] = (*self._config.eos_token_ids, end)
+        config = dataclasses.replace(self._config, **changes) if changes else self._config
         prompt_ids = template.encode(self._loaded.tokenizer, messages)
         self._check_fits(prompt_ids)
-        end = template.end_of_turn_id
-        if end is not None and end not in config.eos_token_ids:
-            config = dataclasses.replace(config, eos_token_ids=(*config.eos_token_ids, end))
         return prompt_ids, config
 
     # ------------------------------------------------------------ internals
@@ -404,8 +406,8 @@ class Generator:
         """Validate settings and tokenize the prompt: every error before any model work."""
         if not isinstance(prompt, str):
             raise InvalidConfigurationError(f"prompt must be a str, got {type(prompt).__name__}")
-        overrides = call_overrides(overrides, settings or {})
-        config = self._config.with_overrides(overrides)
+        changes = call_changes(overrides, settings or {})
+        config = dataclasses.replace(self._config, **changes) if changes else self._config
         tokenizer = self._loaded.tokenizer
         prompt_ids = list(tokenizer.encode(prompt))
         if not prompt_ids:
@@ -476,19 +478,8 @@ class Generator:
 
     def _events(self, prompt_ids: list[int], config: ResolvedGenerationConfig) -> tuple[Iterator[Any], Any]:
         """The generation loop of ``kjarni.stream`` for one call, and its stats object."""
-        from kjarni.stream import GenerationParams, GenerationStats, stream_generate
+        from kjarni.stream import GenerationStats, stream_generate
 
-        params = GenerationParams(
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            min_p=config.min_p,
-            repetition_penalty=config.repetition_penalty,
-            seed=config.seed,
-            stop=tuple(config.stop),
-            eos_token_ids=tuple(config.eos_token_ids),
-        )
         stats = GenerationStats()
         needed = min(len(prompt_ids) + config.max_tokens, self._context_size)
         caches: dict[str, Any] = {}
@@ -507,7 +498,7 @@ class Generator:
                 caches["draft_prefix_cache"] = self._draft_prefix_cache
             else:
                 caches["draft_cache"] = self._draft_cache_for(needed)
-        events = stream_generate(self._loaded.model, self._loaded.tokenizer, prompt_ids, params, stats=stats, **caches)
+        events = stream_generate(self._loaded.model, self._loaded.tokenizer, prompt_ids, config, stats=stats, **caches)
         return events, stats
 
 

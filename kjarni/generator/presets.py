@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kjarni.generator.config import KjarniDevice
+from kjarni.generator.config import GenerationOverrides, KjarniDevice
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,11 @@ class GeneratorPreset:
     """Approximate memory in MB on the recommended device (see the module docstring)."""
     description: str
     """Human-readable description."""
+
+    def overrides(self) -> GenerationOverrides:
+        """The preset's settings as a layer (above the model's defaults, below the builder's):
+        its ``temperature`` (unless None) and ``default_max_tokens`` as ``max_tokens``."""
+        return GenerationOverrides(temperature=self.temperature, max_tokens=self.default_max_tokens)
 
 
 GENERATOR_FAST_V1 = GeneratorPreset(

@@ -44,7 +44,7 @@ _BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
 
 def runs_on_device(sampler: Any) -> bool:
     """Whether ``sampler`` can draw on the GPU: top-k in 1 .. 255, no repetition penalty."""
-    return not sampler.greedy and not sampler.needs_full_logits and 1 <= sampler.top_k <= MAX_DEVICE_TOP_K
+    return not sampler.greedy and not sampler.needs_full_logits and 1 <= sampler.settings.top_k <= MAX_DEVICE_TOP_K
 
 
 def record_sample(ops: Any, logits: Any, sampler: Any, draw: float) -> Scratch:
@@ -61,9 +61,10 @@ def record_sample(ops: Any, logits: Any, sampler: Any, draw: float) -> Scratch:
     # with more of the n best (rare, the chunks are interleaved) makes the draw the CPU's.
     per_chunk = PER_CHUNK if n > PER_CHUNK and chunks * PER_CHUNK >= 4 * n else 0
     candidates = ops._top_k(logits, n, per_chunk)
+    settings = sampler.settings
     params = ctx.uniform(
-        SAMPLE.pack(n=n, top_k=sampler.top_k, temperature=sampler.temperature, top_p=sampler.top_p,
-                    min_p=sampler.min_p, flagged=int(per_chunk > 0))
+        SAMPLE.pack(n=n, top_k=settings.top_k, temperature=settings.temperature, top_p=settings.top_p,
+                    min_p=settings.min_p, flagged=int(per_chunk > 0))
     )
     # float32 rounds draws just below 1 up to 1, which no cumulative weight can exceed.
     u = ctx.step_buffer("draw", DRAW.pack(u=min(np.float32(draw), _BELOW_ONE)))
