@@ -21,7 +21,8 @@ WGSL for subgroup builtins  nothing (``enable`` fails)  ``enable subgroups;`` (a
 recording fast path         raw C calls (`raw_recording`)  none: the public API (already cheaper)
 kernels without checks      ``...ShaderModuleTrusted``  none (the device toggle ``disable_robustness``)
 toggles                     none                        instance: `DAWN_INSTANCE_TOGGLES`;
-                                                        device: `DAWN_FAST_DEVICE_TOGGLES` on request
+                                                        device: `DAWN_FAST_DEVICE_TOGGLES` on request,
+                                                        `DAWN_DISABLED_DEVICE_TOGGLES` always off
 error classes               ``wgpu.GPUError`` ...       ``wgpudawn.GPUError`` ... (`gpu_errors`);
                                                         out-of-memory is a ``MemoryError`` in both
 limits                      the same names; kjarni requests only those the adapter lists
@@ -54,6 +55,10 @@ DAWN_FAST_DEVICE_TOGGLES = ("disable_robustness", "disable_workgroup_init")
 
 # kjarni's feature names -> Dawn's, where they differ.
 DAWN_FEATURE_NAMES = {"subgroup": "subgroups", "subgroup-matrix": "chromium-experimental-subgroup-matrix"}
+
+# Device toggles kjarni turns off: Dawn rounds timestamp queries (a browser's guard against timing
+# attacks) to steps of about 13 us on the H200, which blurs kjarni's per-kernel profile.
+DAWN_DISABLED_DEVICE_TOGGLES = ("timestamp_quantization",)
 
 # WGSL builtins that need `enable subgroups;` on Dawn.
 _SUBGROUP_USE = re.compile(r"\bsubgroup[A-Z_]\w*|\bsubgroup_(size|invocation_id)\b")
@@ -126,9 +131,15 @@ class Runtime:
         if self.name == "dawn":
             from wgpudawn.backends.dawn import extras
 
-            return extras.request_device_sync(
-                adapter, required_features=native, required_limits=limits, enable_toggles=list(device_toggles)
-            )
+            try:
+                return extras.request_device_sync(
+                    adapter, required_features=native, required_limits=limits, enable_toggles=list(device_toggles),
+                    disable_toggles=list(DAWN_DISABLED_DEVICE_TOGGLES),
+                )
+            except Exception:  # noqa: BLE001 - a Dawn that refuses the toggle: its quantized timers then
+                return extras.request_device_sync(
+                    adapter, required_features=native, required_limits=limits, enable_toggles=list(device_toggles)
+                )
         if device_toggles:
             raise InvalidConfigurationError(
                 f"device toggles {list(device_toggles)} are Dawn's; wgpu-native has none (use runtime='dawn')"
