@@ -22,7 +22,9 @@ def tc_ops(wgpu_context):
     if wgpu_context.f16_matrix_subgroup is None:
         pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no f16 subgroup-matrix "
                     "configuration (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
-    return WgpuOps(wgpu_context, weight_format="f16")
+    ops = WgpuOps(wgpu_context, weight_format="f16")
+    ops.tensor_cores = True  # opt-in (WgpuOps.tensor_cores)
+    return ops
 
 
 def _ran(ops, weight, tokens) -> str:

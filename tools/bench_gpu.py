@@ -431,7 +431,8 @@ def main() -> None:
     parser.add_argument("--core", action="store_true",
                         help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
     parser.add_argument("--sgmat-choice", metavar="JSON",
-                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out (skipped if missing)")
+                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out (skipped if missing); "
+                             "turns WgpuOps.tensor_cores on where a tile won (--set tensor_cores=1 turns it on with the defaults)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
@@ -450,6 +451,7 @@ def main() -> None:
         sgmat_choice = json.loads(Path(args.sgmat_choice).read_text())
         WgpuOps.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c["tile"] else None for c in sgmat_choice}
         WgpuOps.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c["splits"]}
+        WgpuOps.tensor_cores = any(c["tile"] for c in sgmat_choice)
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):

@@ -269,8 +269,10 @@ class WgpuOps:
     }
     # Tensor cores (matmul_sgmat.tmpl.wgsl: f16 activations x f16 weights, f32 sums) for the
     # prefill of f16 segments where the device has an f16 subgroup-matrix configuration (Dawn):
-    # per (segment rows, cols) a tile of kernels.SGMAT_TILES, else `sgmat_tile`'s choice.
-    tensor_cores = True
+    # per (segment rows, cols) a tile of kernels.SGMAT_TILES, else `sgmat_tile`'s choice. Off by
+    # default: the one H200 measurement (docs/benchmarks.md, Dawn) found it no faster than the SIMT
+    # kernels, and the written-out version since has not run on a GPU yet.
+    tensor_cores = False
     sgmat_tiles: ClassVar[dict[tuple[int, int], tuple[int, int, int, int, int] | None]] = {}  # None: SIMT
     sgmat_split_counts: ClassVar[dict[tuple[int, int], int]] = {}  # per (rows, cols), over the rule below
     sgmat_splits: int | None = None  # K split over workgroups: None = automatic (below), or a count
@@ -728,7 +730,8 @@ class WgpuOps:
 
     def sgmat_tile(self, seg: _Segment, tokens: int, cols: int) -> tuple[int, int, int, int, int] | None:
         """(BM, BN, BK, SM, SN) of the tensor-core matmul for this prefill product, or None for the
-        SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on and
+        SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on (off by
+        default) and
         a device with an f16 subgroup-matrix configuration, ``cols`` a multiple of BK. Tiles:
         ``sgmat_tiles`` per (rows, cols) (None there: SIMT), else 64 x 128 where that makes at least 2 waves of 132
         workgroups, else 64 x 64."""
