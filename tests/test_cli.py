@@ -62,7 +62,7 @@ def test_every_sampling_flag_reaches_the_generation(tiny_dir: Path, capsys: pyte
     result = json.loads(capsys.readouterr().out)
     assert result["config"] | {"eos_token_ids": None} == {
         "max_tokens": 5, "temperature": 0.7, "top_k": 11, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.2,
-        "seed": 9, "stop": ["AB", "CD"], "eos_token_ids": None,
+        "seed": 9, "stop": ["AB", "CD"], "eos_token_ids": None, "logprobs": False,
     }
     assert result["text"] == expected_text(tiny_dir, "the", max_tokens=5, temperature=0.7, top_k=11, top_p=0.9,
                                            min_p=0.05, repetition_penalty=1.2, seed=9, stop=("AB", "CD"))
