@@ -4,11 +4,17 @@
 // the cache at p by the first q head of each kv group, and used from workgroup memory for key p
 // by every head of the group (the others read keys lo .. p - 1 from the cache, which this
 // dispatch does not write). out[h] = softmax(q k^T) v over positions [lo, p], lo = 0 or, with a
-// sliding window, max(0, p + 1 - window). At most MAX_KEYS positions (the host passes longer
+// sliding window, max(0, p + 1 - window). At most MAX_KEYS positions a workgroup (the host passes longer
 // contexts to rope_store + attention_decode).
+// Flash-decoding split (SPLITS > 1): grid (H, SPLITS, 1); workgroup (h, s) attends over the s-th
+// run of C = ceil(n / SPLITS) of the n keys and writes, instead of out[h], its unnormalised
+// o = sum_j exp(s_j - m) v_j and (m, l = sum_j exp(s_j - m)) to out as vec4s:
+// [(h SPLITS + s) (hd / 4 + 1) ..] = o, then (m, l, 0, 0); a split past the last key writes
+// o = 0, m = NEG_BIG, l = 0. The next matvec merges the splits while loading x
+// (matvec.tmpl.wgsl with the attn flag), or attention_combine does (PAD 4).
 // Bindings: params, step, qkv [1, (H + 2 KV) hd], rope [positions, rotary_dim] (cos | sin; unread
 //   when rotary_dim = 0), k_cache / v_cache [KV, capacity, hd] (f32, or f16 pairs when kv_f16),
-//   out [1, H hd]. RoPE as rope_store.wgsl (rotate half over the first rotary_dim dims).
+//   out [1, H hd] (SPLITS = 1). RoPE as rope_store.wgsl (rotate half over the first rotary_dim dims).
 // Grid: (H, 1, 1), a workgroup of WG threads (a multiple of hd / 4). Scores: KL threads per key
 // (KL divides hd / 4; summed with subgroupShuffleXor), two keys per trip with all their loads
 // issued first, into workgroup memory; workgroup max and sum; then thread i accumulates dims
@@ -18,6 +24,7 @@
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
 override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
+override SPLITS: u32 = 1u;  // workgroups per head, each over a run of the keys
 const MAX_KEYS: u32 = 1024u;
 struct Params {
     num_heads: u32,
@@ -127,6 +134,7 @@ fn main(
     let sg = vec3<u32>(0u);
 // #endif
     let h = wid.x;
+    let split = wid.y;
     let heads = params.num_heads;
     let group = heads / params.num_kv_heads;
     let kv_head = h / group;
@@ -141,7 +149,7 @@ fn main(
         let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
         k_sh[i] = kv_load(k);
         v_sh[i] = kv_load(v);
-        if (h % group == 0u) {
+        if (h % group == 0u && split == 0u) {
             k_cache[cache + i] = k;
             v_cache[cache + i] = v;
         }
@@ -149,44 +157,53 @@ fn main(
     workgroupBarrier();
     let length = pos + 1u;
     let lo = select(0u, length - min(length, params.window), params.window > 0u);
-    let n = length - lo;   // keys lo .. pos; the host keeps n <= MAX_KEYS
+    let n = length - lo;   // keys lo .. pos; the host keeps ceil(n / SPLITS) <= MAX_KEYS
     let last = n - 1u;     // key pos, from workgroup memory; keys 0 .. last - 1 from the cache
+    // This workgroup's keys: j0 .. j1 - 1 (of 0 .. last); the cache's up to `end`, then key last
+    // from workgroup memory when it falls in the run. p_sh[j - j0] holds key j.
+    let chunk = (n + SPLITS - 1u) / SPLITS;
+    let j0 = min(split * chunk, n);
+    let j1 = min(j0 + chunk, n);
+    let end = min(j1, last);
+    let has_last = last >= j0 && last < j1;
     let base = kv_head * params.capacity + lo;
     // Scores: KL threads per key, two keys a trip.
     let kl = lid % KL;
     let slots = WG / KL;
     var m_local = NEG_BIG;
-    var j = lid / KL;
+    var j = j0 + lid / KL;
     // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
-    // checks it): threads past the last key in the final trip load a clamped row and store nothing.
-    let trips = (last + 2u * slots - 1u) / (2u * slots);
+    // checks it): threads past the run's last cache key in the final trip load a clamped row and
+    // store nothing.
+    let count = end - min(end, j0);  // keys of this run in the cache
+    let trips = (count + 2u * slots - 1u) / (2u * slots);
     for (var trip = 0u; trip < trips; trip++) {
-        let j1 = j + slots;
-        let a0 = score_part((base + min(j, last - 1u)) * d4, kl);
-        let a1 = score_part((base + min(j1, last - 1u)) * d4, kl);
+        let jb = j + slots;
+        let a0 = score_part((base + min(j, end - 1u)) * d4, kl);
+        let a1 = score_part((base + min(jb, end - 1u)) * d4, kl);
         let s0 = key_sum(a0);
         let s1 = key_sum(a1);
-        if (kl == 0u && j < last) {
-            p_sh[j] = s0;
+        if (kl == 0u && j < end) {
+            p_sh[j - j0] = s0;
             m_local = max(m_local, s0);
-            if (j1 < last) {
-                p_sh[j1] = s1;
+            if (jb < end) {
+                p_sh[jb - j0] = s1;
                 m_local = max(m_local, s1);
             }
         }
         j += 2u * slots;
     }
-    if (lid == 0u) {
+    if (lid == 0u && has_last) {
         var s = 0.0;
         for (var i = 0u; i < d4; i++) {
             s += dot(q_sh[i], k_sh[i]);
         }
-        p_sh[last] = s;
+        p_sh[last - j0] = s;
         m_local = max(m_local, s);
     }
     let m = workgroup_max(m_local, lid, sg);
     var l_local = 0.0;
-    for (var i = lid; i < n; i += WG) {
+    for (var i = lid; i < j1 - j0; i += WG) {
         let p = exp(p_sh[i] - m);
         p_sh[i] = p;
         l_local += p;
@@ -197,27 +214,27 @@ fn main(
     let subset = lid / d4;
     let subsets = WG / d4;
     var o = vec4<f32>(0.0);
-    var k = subset;
+    var k = subset;  // relative to j0
     loop {
-        if (k + 3u * subsets >= last) {
+        if (k + 3u * subsets >= count) {
             break;
         }
-        let v0 = kv_load(v_cache[(base + k) * d4 + c4]);
-        let v1 = kv_load(v_cache[(base + k + subsets) * d4 + c4]);
-        let v2 = kv_load(v_cache[(base + k + 2u * subsets) * d4 + c4]);
-        let v3 = kv_load(v_cache[(base + k + 3u * subsets) * d4 + c4]);
+        let v0 = kv_load(v_cache[(base + j0 + k) * d4 + c4]);
+        let v1 = kv_load(v_cache[(base + j0 + k + subsets) * d4 + c4]);
+        let v2 = kv_load(v_cache[(base + j0 + k + 2u * subsets) * d4 + c4]);
+        let v3 = kv_load(v_cache[(base + j0 + k + 3u * subsets) * d4 + c4]);
         o += p_sh[k] * v0 + p_sh[k + subsets] * v1 + p_sh[k + 2u * subsets] * v2 + p_sh[k + 3u * subsets] * v3;
         k += 4u * subsets;
     }
     loop {
-        if (k >= last) {
+        if (k >= count) {
             break;
         }
-        o += p_sh[k] * kv_load(v_cache[(base + k) * d4 + c4]);
+        o += p_sh[k] * kv_load(v_cache[(base + j0 + k) * d4 + c4]);
         k += subsets;
     }
-    if (last % subsets == subset) {
-        o += p_sh[last] * v_sh[c4];
+    if (has_last && (last - j0) % subsets == subset) {
+        o += p_sh[last - j0] * v_sh[c4];
     }
     o_sh[lid] = o;
     workgroupBarrier();
@@ -227,7 +244,17 @@ fn main(
         }
         workgroupBarrier();
     }
+    if (SPLITS == 1u) {
+        if (lid < d4) {
+            out[h * d4 + lid] = o_sh[lid] / l;
+        }
+        return;
+    }
+    let dst = (h * SPLITS + split) * (d4 + 1u);
     if (lid < d4) {
-        out[h * d4 + lid] = o_sh[lid] / l;
+        out[dst + lid] = o_sh[lid];
+    }
+    if (lid == 0u) {
+        out[dst + d4] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }

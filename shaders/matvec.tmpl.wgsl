@@ -16,6 +16,11 @@
 // several subgroups. Lane 0 of the group finishes its R rows.
 // Grid: n = ceil(rows / (R WG / LANES)) workgroups folded as (min(n, 32768), ceil(n / 32768)).
 // Needs the device feature "subgroup"; cols a multiple of 8 (and of the format's block).
+//
+// Flag `attn` (o_proj after a split attention_step.wgsl): x is that kernel's partials, SPLITS
+// runs per head of HD4 vec4 outputs o_s then (m_s, l_s, 0, 0), and the product reads
+// x[h, :] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s (M = max_s m_s), merged once per
+// workgroup into workgroup memory before the loop (cols at most 4 MAX_XA).
 
 // #include linear_structs.wgsl
 
@@ -39,6 +44,35 @@ var<workgroup> part_ss: array<f32, MAX_SUBGROUPS>;
 
 alias Unit = array<vec4<f32>, UNIT / 4u>;
 
+// #if attn
+override SPLITS: u32 = 8u;
+override HD4: u32 = 16u;
+const MAX_XA: u32 = 1024u;
+var<workgroup> xa: array<vec4<f32>, MAX_XA>;
+
+// The merged attention output, vec4 i = 4i .. of head i / HD4, into xa (every thread calls it).
+fn merge_attention(lid: u32) {
+    for (var i = lid; i < params.cols / 4u; i += WG) {
+        let first = (i / HD4) * SPLITS;
+        var m = -3.0e38;
+        for (var s = 0u; s < SPLITS; s++) {
+            m = max(m, x[(first + s) * (HD4 + 1u) + HD4].x);
+        }
+        var l = 0.0;
+        var o = vec4<f32>(0.0);
+        for (var s = 0u; s < SPLITS; s++) {
+            let run = (first + s) * (HD4 + 1u);
+            let ml = x[run + HD4];
+            let e = exp(ml.x - m);
+            l += e * ml.y;
+            o += e * x[run + i % HD4];
+        }
+        xa[i] = o / l;
+    }
+    workgroupBarrier();
+}
+// #endif
+
 struct Acc {
     s: vec4<f32>,  // rows 0 .. 3 of the group
     ss: f32,       // sum of squares of x (fused norm)
@@ -46,11 +80,15 @@ struct Acc {
 
 // x[c .. c + 3] as the product reads it: silu(gate) * up with flags bit 3.
 fn x4(c: u32) -> vec4<f32> {
+// #if attn
+    return xa[c / 4u];
+// #else
     if ((params.flags & 8u) != 0u) {
         let g = x[c / 4u];
         return g / (1.0 + exp(-g)) * x[(params.cols + c) / 4u];
     }
     return x[c / 4u];
+// #endif
 }
 
 // Adds unit u of the R rows (values w0 .. w3) times x to the sums.
@@ -93,6 +131,9 @@ fn main(
     let r2 = min(row0 + 2u, last);
     let r3 = min(row0 + 3u, last);
     let units = params.cols / UNIT;
+// #if attn
+    merge_attention(lid);
+// #endif
     var acc = Acc(vec4<f32>(0.0), 0.0);
     let zero = Unit();
     for (var u = lane; u < units; u += UN * LANES) {

@@ -1,6 +1,8 @@
 """attention_step.wgsl (decode: RoPE, the KV store and attention of one token in one dispatch)
 against NumpyOps: head_dim 64 and 128, grouped-query heads, partial rotary, sliding windows, f16
-and f32 caches; and the pending rope_store handle's rules (read q, drop it unread)."""
+and f32 caches, one workgroup per head or the keys split over several (flash-decoding: merged by
+attention_combine when read, or by the o_proj matvec that loads them); and the pending rope_store
+handle's rules (read q, drop it unread)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 
 from kjarni.numpy_ops import NumpyKVCache, NumpyOps
+from tests.test_gpu_matvec import make_weight
 
 pytestmark = pytest.mark.gpu
 ref = NumpyOps()
@@ -38,19 +41,23 @@ def _f16(a):
     return a.astype(np.float16).astype(np.float32)
 
 
+@pytest.mark.parametrize("splits", [1, 8])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
     (4, 1, 64, 64, 9, 1024, 19),
     # many keys a thread: both score keys of a trip, the four-key p v loop and its tail
     (14, 2, 64, 64, None, 1024, 700), (4, 2, 64, 64, None, 64, 83), (4, 2, 128, 128, 50, 64, 201),
+    # fewer keys than splits: the splits past the last key are empty
+    (4, 2, 64, 64, None, 64, 2),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt):
+                                                                rotary_dim, window, threads, prompt, splits):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    ops.attention_step_threads = threads
+    ops.attention_step_threads = ops.attention_split_threads = threads
+    ops.attention_step_splits = splits
     capacity = prompt + 8
     rope = _rope(head_dim, rotary_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -103,3 +110,42 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
     np.testing.assert_allclose(values.reshape(kv_heads, capacity, hd)[:, :2], cpu_cache.values[0][:, :2], atol=1e-6)
     keys = np.frombuffer(ops.context.read(gpu_cache.keys[0], 0, gpu_cache.keys[0].size), np.float32)
     np.testing.assert_allclose(keys.reshape(kv_heads, capacity, hd)[:, :2], cpu_cache.keys[0][:, :2], atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rows,splits,prompt", [
+    (14, 2, 64, 896, 8, 40), (6, 2, 128, 75, 3, 19), (4, 1, 64, 203, 8, 2),
+])
+def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
+                                                                   splits, prompt):
+    """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
+    partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
+    64 and 128, fewer keys than splits)."""
+    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.ops import _AttentionPartials
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
+    ops.attention_step_splits = splits
+    capacity = prompt + 4
+    rope = _rope(head_dim, head_dim, capacity)
+    g_rope = ops.weight(rope, name="rope")
+    gpu_cache = ops.new_kv_cache(1, kv_heads, head_dim, capacity)
+    cpu_cache = NumpyKVCache(1, kv_heads, head_dim, capacity)
+    rng = np.random.default_rng(rows)
+    width = (heads + 2 * kv_heads) * head_dim
+    g_w, w = make_weight(ops, fmt, rows, heads * head_dim, seed=rows)
+    qkv = rng.standard_normal((prompt, width)).astype(np.float32)
+    ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 0, 0), gpu_cache, 0, 0)
+    ops.context.flush()  # the uploads below are written at once: the prefill must not see them in its freed buffers
+    q_ref = ref.rope_store(qkv, rope, cpu_cache, 0, 0)
+    ref.attention(q_ref, cpu_cache, 0, 0)
+    qkv = rng.standard_normal((1, width)).astype(np.float32)
+    residual = rng.standard_normal((1, rows)).astype(np.float32)
+    g_residual = _upload(ops, residual)
+    dispatches = ops.stats.dispatches
+    attn = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 0, prompt), gpu_cache, 0, prompt)
+    assert type(attn) is _AttentionPartials
+    y = ops.linear(attn, g_w, residual=g_residual)
+    assert ops.stats.dispatches - dispatches == 2, "attention_step, then the matvec merging its partials"
+    expected = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt) @ w.T + residual
+    np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)

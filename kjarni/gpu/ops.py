@@ -146,6 +146,37 @@ class _RopePending(GpuTensor):
         return f"GpuTensor{self.shape} (rope_store pending)"
 
 
+class _AttentionPartials(GpuTensor):
+    """The output of a split attention_step not merged yet: ``partials`` holds, per head, ``splits``
+    runs of ``hd4`` vec4 outputs then (m, l). The next one-token `linear` merges them while loading
+    x (matvec.tmpl.wgsl, flag ``attn``), saving a dispatch; anything else that reads the values
+    (``buffer``, ``scratch``) runs attention_combine first, at that point of the recording."""
+
+    __slots__ = ("partials", "splits", "hd4", "_ops", "_done")
+
+    def __init__(self, ops: "WgpuOps", partials: Scratch, width: int, splits: int, hd4: int) -> None:  # noqa: UP037
+        self.partials, self.splits, self.hd4 = partials, splits, hd4
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._merge_attention(self)
+        return self._done
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (attention merge pending)"
+
+
 class GpuTokens(DeviceTokens):
     """Ids chosen by `WgpuOps.argmax_ahead` or `sample_ahead`: ``buffer`` holds them for the next
     embed, then a status per id; a copy of both waits at ``ring_offset`` of the readback ring for
@@ -304,6 +335,11 @@ class WgpuOps:
     matvec_template_configs: ClassVar[dict[tuple[str, int, int], tuple[int, int, int, int]]] = {}
     fuse_rope = True  # one-token rope_store is recorded by the next attention (attention_step.wgsl)
     attention_step_threads = 1024  # threads of attention_step (at most; hd / 4 times a power of two)
+    # Flash-decoding inside attention_step: workgroups per head, each over a run of the keys, merged
+    # by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups.
+    attention_step_splits = 8
+    attention_split_threads = 128  # threads of a split attention_step (at most; hd / 4 times a power of two)
+    matvec_attn_threads = 256  # the merging matvec's workgroup: WG / 32 rows (32 lanes, 1 row, 2 units a trip)
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
@@ -526,12 +562,13 @@ class WgpuOps:
         ctx = self.context
         tokens = x.shape[0]
         silu = type(x) is _SiluMulPending and self._silu_fusable(weight, tokens)
-        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu)
+        attn = (x.splits, x.hd4) if type(x) is _AttentionPartials and self._merge_fusable(x, weight) else None
+        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn)
         plan = weight.plans.get(key)
         if plan is None:
-            plan = weight.plans[key] = self._plan_linear(x, weight, bias, residual, norm_weight, eps, silu)
+            plan = weight.plans[key] = self._plan_linear(x, weight, bias, residual, norm_weight, eps, silu, attn)
         dispatches, groups, rows, common = plan
-        x_buffer = x.source.buffer if silu else x.buffer
+        x_buffer = x.source.buffer if silu else x.partials.buffer if attn else x.buffer
         out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
         r_buffer = residual.buffer if residual is not None else None
         # Split K (prefill, few tiles): the partial sums go through a scratch of S x [tokens, rows],
@@ -563,7 +600,14 @@ class WgpuOps:
             return False
         return tokens <= self.matvec_max_tokens or all(kernels.has_template("matmul", s.format) for s in weight.segments)
 
-    def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool) -> tuple:
+    def _merge_fusable(self, x: _AttentionPartials, weight: GpuWeight) -> bool:
+        """Whether the one-token product by ``weight`` can merge split attention partials while
+        loading x: every segment runs matvec.tmpl.wgsl, and x fits its workgroup memory."""
+        cols = x.shape[1]
+        return (weight.kind == "matrix" and cols <= 4096 and weight.shape[1] == cols
+                and all(self.matvec_config(s.format, s.rows, cols) is not None for s in weight.segments))
+
+    def _plan_linear(self, x, weight, bias, residual, norm_weight, eps, silu: bool, attn: tuple[int, int] | None = None) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
         buffers, bias, norm, bytes of split-K partials)); role "out" writes y, "partial" the partials
         of a prefill matmul split over K, "reduce" adds them into y (matmul_reduce.wgsl)."""
@@ -586,7 +630,7 @@ class WgpuOps:
             else:
                 splits = self._matmul_splits(seg.rows, tokens, cols, flags, rows) if self._uses_matmul(seg, tokens) else 1
             if splits == 1:
-                pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps)
+                pipeline, params, grid = self._linear_plan(seg, cols, rows, tokens, flags, eps, attn)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
                 continue
             # Split K: partial sums (no bias, no residual) into the scratch, then matmul_reduce.
@@ -607,7 +651,8 @@ class WgpuOps:
         )
         return dispatches, {}, rows, common
 
-    def _linear_plan(self, seg: _Segment, cols: int, rows: int, tokens: int, flags: int, eps: float):
+    def _linear_plan(self, seg: _Segment, cols: int, rows: int, tokens: int, flags: int, eps: float,
+                     attn: tuple[int, int] | None = None):
         from kjarni.gpu import quant
 
         ctx = self.context
@@ -634,12 +679,16 @@ class WgpuOps:
             # One token (decode): matvec.tmpl.wgsl rendered for the format (its block decoder).
             threads, lanes, r, un = config
             fmt = seg.format
+            variant = frozenset({"attn"}) if attn else frozenset()
 
             def source_mv() -> str:
-                return kernels.template("matvec", fmt)
+                return kernels.template("matvec", fmt, variant)
 
             constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un}
-            pipeline = ctx.pipeline("matvec." + fmt, LINEAR_KINDS, constants=constants, source=source_mv)
+            if attn:  # x: split attention partials, merged per workgroup (fewer, larger workgroups)
+                threads, lanes, r, un = self.matvec_attn_threads, 32, 1, 2
+                constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "SPLITS": attn[0], "HD4": attn[1]}
+            pipeline = ctx.pipeline("matvec." + fmt, LINEAR_KINDS, flags=tuple(variant), constants=constants, source=source_mv)
             return pipeline, params, _fold(-(-seg.rows // (r * threads // lanes)))
         if not seg.dense:
             if self.quant_t_min_tokens <= tokens <= self.matvec_max_tokens and ctx.has_subgroups:
@@ -981,7 +1030,8 @@ class WgpuOps:
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
         heads = pending.shape[1] // hd
         rotary_dim = 0 if rope is None else rope.shape[1]
-        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format)
+        splits = max(1, self.attention_step_splits) if ctx.has_subgroups else 1
+        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits)
         plan = self._plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -990,21 +1040,45 @@ class WgpuOps:
             ))
             # WG: hd / 4 times a power of two, at most attention_step_threads and the device's limit;
             # KL threads per key in the scores (a divisor of hd / 4; subgroup shuffles).
-            limit = min(self.attention_step_threads, int(ctx.adapter.limits["max-compute-invocations-per-workgroup"]))
+            most = self.attention_split_threads if splits > 1 else self.attention_step_threads
+            limit = min(most, int(ctx.adapter.limits["max-compute-invocations-per-workgroup"]))
             threads = hd // 4
             while threads * 2 <= limit:
                 threads *= 2
             kl = next(k for k in (4, 2, 1) if (hd // 4) % k == 0) if ctx.has_subgroups else 1
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=self._kv_flags(kv_cache),
-                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl})
+                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits})
             plan = self._plans[key] = (pipeline, params)
         pipeline, params = plan
-        out = self._new(1, heads * hd)
+        if splits > 1:
+            partials = ctx.scratch(heads * splits * (hd + 4) * 4)
+            out_buffer = partials.buffer
+        else:
+            out = self._new(1, heads * hd)
+            out_buffer = out.buffer
         table = ctx.dummy if rope is None else rope.buffer
         buffers = (params, self._step(pending.start), qkv.buffer, table, kv_cache.keys[pending.layer],
-                   kv_cache.values[pending.layer], out.buffer)
-        ctx.dispatch(pipeline, buffers, (heads, 1, 1))
+                   kv_cache.values[pending.layer], out_buffer)
+        ctx.dispatch(pipeline, buffers, (heads, splits, 1))
         pending.stored = True
+        if splits > 1:
+            return _AttentionPartials(self, partials, heads * hd, splits, hd // 4)
+        return out
+
+    def _merge_attention(self, x: _AttentionPartials) -> GpuTensor:
+        """attention_combine over a split attention_step's partials (when no matvec merges them)."""
+        ctx = self.context
+        heads = x.shape[1] // (4 * x.hd4)
+        key = ("attention_merge", heads, x.hd4, x.splits)
+        plan = self._plans.get(key)
+        if plan is None:
+            params = ctx.uniform(ATTENTION.pack(num_heads=heads, num_kv_heads=1, head_dim=4 * x.hd4, tokens=1, capacity=0,
+                                                max_splits=x.splits, scale=1.0, window=0))
+            pipeline = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"SPLITS": x.splits, "PAD": 4})
+            plan = self._plans[key] = (pipeline, params)
+        pipeline, params = plan
+        out = self._new(1, x.shape[1])
+        ctx.dispatch(pipeline, (params, self._step(self._step_start), x.partials.buffer, out.buffer), (heads, 1, 1))
         return out
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:
