@@ -562,7 +562,14 @@ class WgpuOps:
         ctx = self.context
         tokens = x.shape[0]
         silu = type(x) is _SiluMulPending and self._silu_fusable(weight, tokens)
-        attn = (x.splits, x.hd4) if type(x) is _AttentionPartials and self._merge_fusable(x, weight) else None
+        attn = None
+        if type(x) is _AttentionPartials:
+            attn = (x.splits, x.hd4)
+            fusable = weight.plans.get(("merge", attn))  # whether this weight's matvec merges them, decided once
+            if fusable is None:
+                fusable = weight.plans[("merge", attn)] = self._merge_fusable(x, weight)
+            if not fusable:
+                attn = None
         key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn)
         plan = weight.plans.get(key)
         if plan is None:
