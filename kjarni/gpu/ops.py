@@ -339,7 +339,11 @@ class WgpuOps:
     # by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups.
     attention_step_splits = 8
     attention_split_threads = 128  # threads of a split attention_step (at most; hd / 4 times a power of two)
-    matvec_attn_threads = 256  # the merging matvec's workgroup: WG / 32 rows (32 lanes, 1 row, 2 units a trip)
+    # The merging matvec (o_proj after a split attention_step): WG threads, LANES lanes a row, one
+    # row a group, 2 units a trip. Its workgroups each merge the whole x: fewer, larger ones read
+    # the partials fewer times. H200 (0.5B o_proj, 256 / 32): 12.5 us against 7.4 unmerged.
+    matvec_attn_threads = 256
+    matvec_attn_lanes = 32
     fuse_silu = True  # silu_mul is applied inside the following linear (LINEAR_SILU)
     prefill_submit_every = 24  # prefill: submit after a linear once this many dispatches wait
     attention_prefill_lanes = 8  # threads sharing a query row in attention_prefill (at most the smallest subgroup size)
@@ -693,7 +697,7 @@ class WgpuOps:
 
             constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un}
             if attn:  # x: split attention partials, merged per workgroup (fewer, larger workgroups)
-                threads, lanes, r, un = self.matvec_attn_threads, 32, 1, 2
+                threads, lanes, r, un = self.matvec_attn_threads, self.matvec_attn_lanes, 1, 2
                 constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "SPLITS": attn[0], "HD4": attn[1]}
             pipeline = ctx.pipeline("matvec." + fmt, LINEAR_KINDS, flags=tuple(variant), constants=constants, source=source_mv)
             return pipeline, params, _fold(-(-seg.rows // (r * threads // lanes)))
