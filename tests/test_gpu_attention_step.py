@@ -30,7 +30,7 @@ def _rope(head_dim: int, rotary_dim: int, positions: int) -> np.ndarray:
 
 
 def _upload(ops, a):
-    from kjarni.gpu.ops import GpuTensor
+    from kjarni.gpu import GpuTensor
 
     t = GpuTensor(ops.context.scratch(a.nbytes), a.shape)
     ops.context.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, np.float32))
@@ -56,8 +56,8 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    ops.attention_step_threads = ops.attention_split_threads = threads
-    ops.attention_step_splits = splits
+    ops.tuning.attention_step_threads = ops.tuning.attention_split_threads = threads
+    ops.tuning.attention_step_splits = splits
     capacity = prompt + 8
     rope = _rope(head_dim, rotary_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -122,10 +122,10 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
     64 and 128, fewer keys than splits)."""
     from kjarni.gpu import WgpuOps
-    from kjarni.gpu.ops import _AttentionPartials
+    from kjarni.gpu.step import AttentionPartials
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
-    ops.attention_step_splits = splits
+    ops.tuning.attention_step_splits = splits
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -144,7 +144,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     g_residual = _upload(ops, residual)
     dispatches = ops.stats.dispatches
     attn = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 0, prompt), gpu_cache, 0, prompt)
-    assert type(attn) is _AttentionPartials
+    assert type(attn) is AttentionPartials
     y = ops.linear(attn, g_w, residual=g_residual)
     assert ops.stats.dispatches - dispatches == 2, "attention_step, then the matvec merging its partials"
     expected = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt) @ w.T + residual

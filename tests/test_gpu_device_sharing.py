@@ -117,7 +117,7 @@ def test_closing_frees_exactly_the_generators_own_buffers(wgpu_context, tiny_dir
     context = generator.gpu_context
     caches = list(ops._kv_caches)
     assert ops._weights and caches
-    own = [ops._token_ring, *(b for c in caches for b in (*c.keys, *c.values))]
+    own = [ops._ring.buffer, *(b for c in caches for b in (*c.keys, *c.values))]
     own += [b for w in ops._weights for b in (w.buffer, *(x for s in w.segments for x in (s.w_a, s.w_b)))]
     unique = {id(b): b for b in own if b is not None and b is not context.dummy}
     pooled = context.stats.pooled_bytes

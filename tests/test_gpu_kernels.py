@@ -166,7 +166,7 @@ def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_conte
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     if decode == "split":  # flash-decoding (attention_decode + attention_combine), as for long contexts
-        ops.attention_single_max = 0
+        ops.tuning.attention_single_max = 0
     # 37-token prefill (tiled kernel), single-token decode, 3-token verify (decode kernels), then
     # a long jump over several 64-position splits.
     for q, q_ref, out, out_ref in _attention_case(ops, kv_format, [37, 1, 3, 70, 1], window=window):
@@ -183,8 +183,8 @@ def test_attention_prefill_with_rows_shared_by_several_threads_matches_numpy(wgp
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
-    ops.attention_prefill_lanes = lanes
-    ops.attention_tiled = False  # head_dim 64 would take attention_tiled
+    ops.tuning.attention_prefill_lanes = lanes
+    ops.tuning.attention_tiled = False  # head_dim 64 would take attention_tiled
     for _, _, out, out_ref in _attention_case(ops, "f16", [37, 70], heads=4, kv_heads=2, head_dim=64, window=window):
         np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
 
@@ -201,7 +201,7 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    ops.attention_tiled_chunk = chunk
+    ops.tuning.attention_tiled_chunk = chunk
     calls = []
     real = ops.context.pipeline
     ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
@@ -219,7 +219,7 @@ def test_attention_tiled_workgroup_memory_is_what_the_host_checks(wgpu_context):
     import re
 
     from kjarni.gpu import kernels
-    from kjarni.gpu.ops import ATTENTION_TILED_BYTES
+    from kjarni.gpu.attention import ATTENTION_TILED_BYTES
 
     src = kernels.source("attention_tiled", frozenset())
     consts = {k: int(v) for k, v in re.findall(r"const (\w+): u32 = (\d+)u;", src)}
@@ -236,8 +236,8 @@ def test_attention_tiled_takes_longer_chunks_when_the_partials_would_be_too_larg
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
-    ops.attention_tiled_chunk = 32
-    ops.attention_partial_max_bytes = 70 * 4 * 66 * 4 * 2  # two splits of 70 tokens x 4 heads
+    ops.tuning.attention_tiled_chunk = 32
+    ops.tuning.attention_partial_max_bytes = 70 * 4 * 66 * 4 * 2  # two splits of 70 tokens x 4 heads
     chunks = []
     real = ops.context.pipeline
     ops.context.pipeline = lambda kernel, kinds, **kw: chunks.append((kw.get("constants") or {}).get("CHUNK")) or real(kernel, kinds, **kw)
@@ -262,8 +262,8 @@ def test_matvec_u_configurations_match_numpy(wgpu_context):
         want = ref.norm_linear(x, nw, 1e-5, f16_round(w), b) + res  # the weights the GPU holds (module docstring)
         for cfg in ((32, 1, 1), (64, 2, 2), (128, 4, 4), (256, 4, 1), (32, 4, 4)):
             ops = WgpuOps(wgpu_context, weight_format="f16")
-            ops.matvec_configs = {(rows, cols): cfg}
-            ops.matvec_t_min_tokens = 3  # 2 tokens through matvec_u's token loop, not matvec_t
+            ops.tuning.matvec_configs = {(rows, cols): cfg}
+            ops.tuning.matvec_t_min_tokens = 3  # 2 tokens through matvec_u's token loop, not matvec_t
             gw = ops.weight(w, name="w")
             got = ops._linear(upload(ops, x), gw, ops.weight(b, name="b"), upload(ops, res), ops.weight(nw, name="n"), 1e-5)
             assert gw.plans and all(p[0][0][0].kjarni_name == "linear_f16:matvec_u" for p in gw.plans.values())
@@ -300,7 +300,7 @@ def test_matvec_t_matches_numpy_for_several_tokens_with_every_flag(wgpu_context,
     if not wgpu_context.has_subgroups:
         pytest.skip("matvec_t needs subgroups")
     ops = WgpuOps(wgpu_context, weight_format=fmt)
-    ops.matvec_max_tokens = 13
+    ops.tuning.matvec_max_tokens = 13
     rng = np.random.default_rng(tokens)
     for rows, cols in ((29, 37), (1030, 72), (9, 2100)):
         w = rand(rng, rows, cols)
@@ -325,8 +325,8 @@ def test_matvec_t_configurations_match_numpy(wgpu_context):
     for cfg in ((32, 1), (64, 2), (128, 4), (256, 4), (32, 4)):
         for quads in (1, 2, 3):
             ops = WgpuOps(wgpu_context, weight_format="f16")
-            ops.matvec_t_configs = {(rows, cols): cfg}
-            ops.matvec_t_quads = quads
+            ops.tuning.matvec_t_configs = {(rows, cols): cfg}
+            ops.tuning.matvec_t_quads = quads
             gw = ops.weight(w, name="w")
             got, want = _flagged_linear(ops, rng, gw, f16_round(w), 9, 1, 1, 1, 0)
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=f"{cfg} quads {quads}")
@@ -344,25 +344,25 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
         return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
-    ops.tensor_cores = False  # the SIMT prefill kernel past matvec_max_tokens (Dawn: tests/test_gpu_tensor_cores.py)
-    assert ops.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
+    ops.tuning.tensor_cores = False  # the SIMT prefill kernel past matvec_max_tokens (Dawn: tests/test_gpu_tensor_cores.py)
+    assert ops.tuning.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
     short, long = ops.weight(rand(rng, 40, 64), name="short"), ops.weight(rand(rng, 12, 2064), name="long")
     assert kernel(ops, short, 1) == kernel(ops, long, 1) == "matvec.f16:main"  # the decode template
-    ops.matvec_template = False  # the older one-token kernels, still there to compare
+    ops.tuning.matvec_template = False  # the older one-token kernels, still there to compare
     short, long = ops.weight(rand(rng, 40, 64), name="short2"), ops.weight(rand(rng, 12, 2064), name="long2")
     assert kernel(ops, short, 1) == "linear_f16:matvec_u" and kernel(ops, long, 1) == "linear_f16:matvec"
-    for tokens in range(2, ops.matvec_max_tokens + 1):
+    for tokens in range(2, ops.tuning.matvec_max_tokens + 1):
         assert kernel(ops, short, tokens) == kernel(ops, long, tokens) == "linear_f16:matvec_t"
-    assert kernel(ops, short, ops.matvec_max_tokens + 1) == "matmul.f16:main"
-    ops.matvec_t_min_tokens = ops.matvec_max_tokens + 1  # the per-token kernels, to compare
+    assert kernel(ops, short, ops.tuning.matvec_max_tokens + 1) == "matmul.f16:main"
+    ops.tuning.matvec_t_min_tokens = ops.tuning.matvec_max_tokens + 1  # the per-token kernels, to compare
     assert kernel(ops, ops.weight(rand(rng, 40, 64), name="w"), 5) == "linear_f16:matvec_u"
     q8 = WgpuOps(wgpu_context, weight_format="q8_0")
     wq = q8.weight(rand(rng, 40, 64), name="wq")
     assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "matvec.Q8_0:main"
-    assert {kernel(q8, wq, tokens) for tokens in range(2, q8.matvec_max_tokens + 1)} == {"linear_q8_0:main_t"}
-    q8.quant_t_min_tokens = q8.matvec_max_tokens + 1
+    assert {kernel(q8, wq, tokens) for tokens in range(2, q8.tuning.matvec_max_tokens + 1)} == {"linear_q8_0:main_t"}
+    q8.tuning.quant_t_min_tokens = q8.tuning.matvec_max_tokens + 1
     assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq2"), 5) == "linear_q8_0:main"
-    q8.matvec_template = False
+    q8.tuning.matvec_template = False
     assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq3"), 1) == "linear_q8_0:main"
 
 
@@ -383,8 +383,8 @@ def test_quantized_split_k_decode_matches_numpy(wgpu_context, qtype):
     qt = QuantTensor(t, (rows, cols), gguf.quants.quantize(rand(rng, rows, cols), t))
     w = qt.dequantize().astype(np.float32)
     ops = WgpuOps(wgpu_context, weight_format="f32")
-    ops.quant_split_k_min_cols = 256
-    ops.matvec_template = False  # one token would take the decode template
+    ops.tuning.quant_split_k_min_cols = 256
+    ops.tuning.matvec_template = False  # one token would take the decode template
     nw = rand(rng, cols)
     gw, gn = ops.weight(qt, name="wq"), ops.weight(nw, name="nq")
     for tokens in (1, 3):

@@ -50,7 +50,7 @@ def make_weight(ops, fmt: str, rows: int, cols: int, seed: int):
 
 
 def upload(ops, a):
-    from kjarni.gpu.ops import GpuTensor
+    from kjarni.gpu import GpuTensor
 
     t = GpuTensor(ops.context.scratch(a.nbytes), a.shape)
     ops.context.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, np.float32))
@@ -59,7 +59,7 @@ def upload(ops, a):
 
 def kernel_of(ops, weight, tokens=1) -> str:
     seg = weight.segments[0]
-    pipeline, _, _ = ops._linear_plan(seg, weight.shape[1], weight.shape[0], tokens, 0, 0.0)
+    pipeline, _, _ = ops.linear_kernels.segment_kernel(seg, weight.shape[1], weight.shape[0], tokens, 0, 0.0)
     return pipeline.kjarni_name
 
 
@@ -84,7 +84,7 @@ def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt)
         bvec = np.frombuffer(ops.context.queue.read_buffer(bias.buffer), np.float32)[:rows]
         scale = float(np.abs(x).sum() * np.abs(w).max())  # a bound on |y|: errors relative to it
         for config in CONFIGS:
-            ops.matvec_template_configs = {(fmt, rows, cols): config}
+            ops.tuning.matvec_template_configs = {(fmt, rows, cols): config}
             weight.plans.clear()
             cases = [
                 (ops.linear(upload(ops, x), weight), REF.linear(x, w)),
@@ -96,7 +96,7 @@ def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt)
             for i, (got, want) in enumerate(cases):
                 np.testing.assert_allclose(ops.read(got), want, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
                                            err_msg=f"{fmt} {rows}x{cols} config {config} case {i}")
-    ops.matvec_template_configs = {}
+    ops.tuning.matvec_template_configs = {}
 
 
 @pytest.mark.gpu

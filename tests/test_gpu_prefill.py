@@ -42,8 +42,9 @@ def make_ops(wgpu_context):
 
     def make(weight_format: str, variant: str) -> WgpuOps:
         ops = WgpuOps(wgpu_context, weight_format=weight_format)
-        ops.tensor_cores = False  # these are the SIMT kernel's variants
-        ops.matmul_min_big_tiles, ops.matmul_split_k_below, ops.matmul_splits, ops.matmul_nbuf = VARIANTS[variant]
+        ops.tuning.tensor_cores = False  # these are the SIMT kernel's variants
+        t = ops.tuning
+        t.matmul_min_big_tiles, t.matmul_split_k_below, t.matmul_splits, t.matmul_nbuf = VARIANTS[variant]
         return ops
 
     return make
@@ -89,7 +90,7 @@ def _big(ctx, nbuf: int = 1) -> dict:
     """The 128x128 configuration: K over 2 thread groups where the device has the 32.5 KiB of
     workgroup memory that takes (the H200: 48 KiB), else over 1 (lavapipe: 32 KiB); asked for two
     buffers, one group keeps them where they fit (the H200), else one buffer."""
-    from kjarni.gpu.ops import matmul_workgroup_bytes
+    from kjarni.gpu.linear import matmul_workgroup_bytes
 
     limit = ctx.max_workgroup_storage
     if nbuf == 2:
@@ -99,11 +100,11 @@ def _big(ctx, nbuf: int = 1) -> dict:
 
 def test_tile_configurations_fit_the_devices_workgroup_memory(wgpu_context, monkeypatch):
     from kjarni.gpu import WgpuOps
-    from kjarni.gpu.ops import matmul_workgroup_bytes
+    from kjarni.gpu.linear import matmul_workgroup_bytes
 
     ops = WgpuOps(wgpu_context)
     assert ops.matmul_config(9728, 512, 896) == (8, 16, 8, 1, 1)  # a measured shape: its table entry
-    ops.matmul_configs = {}  # the rules
+    ops.tuning.matmul_configs = {}  # the rules
     assert matmul_workgroup_bytes(16, 16, 16, 2) == 33280 and matmul_workgroup_bytes(8, 16, 8, 4) == 25088
     assert matmul_workgroup_bytes(8, 16, 8, 2, 2) == 25088
     monkeypatch.setattr(wgpu_context, "max_workgroup_storage", 48 << 10)
@@ -137,8 +138,8 @@ def test_a_measured_configuration_overrides_the_rules_for_its_shape(make_ops, mo
     ops = make_ops("f16", "tile128")
     rng = np.random.default_rng(3)
     x, w, r = rand(rng, 50, 296), rand(rng, 20, 296), rand(rng, 50, 20)
-    ops.matmul_splits = None  # automatic: the measured split
-    ops.matmul_configs = {(20, 296): (8, 8, 8, 2, 2, 3)}  # 64 x 64 tiles, 2 groups, 2 buffers, 3 splits
+    ops.tuning.matmul_splits = None  # automatic: the measured split
+    ops.tuning.matmul_configs = {(20, 296): (8, 8, 8, 2, 2, 3)}  # 64 x 64 tiles, 2 groups, 2 buffers, 3 splits
     gx, gw, gr = upload(ops, x), ops.weight(w, name="w"), upload(ops, r)
     calls = _recorded_constants(monkeypatch, ops.context)
     got = ops.read(ops.linear(gx, gw, residual=gr))
@@ -153,20 +154,20 @@ def test_default_selection_splits_k_for_few_tiles_and_uses_big_tiles_for_many(wg
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f16")
-    ops.tensor_cores = False  # the SIMT kernels' selection (tests/test_gpu_tensor_cores.py: the other)
+    ops.tuning.tensor_cores = False  # the SIMT kernels' selection (tests/test_gpu_tensor_cores.py: the other)
     rng = np.random.default_rng(1)
     x, small, short = upload(ops, rand(rng, 10, 256)), ops.weight(rand(rng, 24, 256), name="w"), upload(ops, rand(rng, 10, 8))
     calls = _recorded_constants(monkeypatch, wgpu_context)
     ops.linear(x, small)  # one 64x128 tile: K split over 4 groups and over 4 workgroups (256 / (2 x 32) columns)
     ops.norm_linear(x, ops.weight(rand(rng, 256), name="n"), 1e-5, small)  # a fused norm needs whole rows: no split
-    ops.matmul_min_big_tiles = 1
+    ops.tuning.matmul_min_big_tiles = 1
     ops.linear(x, ops.weight(rand(rng, 24, 256), name="w2"))  # enough 128x128 tiles by the threshold
-    ops.matmul_min_big_tiles = 10**9
+    ops.tuning.matmul_min_big_tiles = 10**9
     ops.linear(short, ops.weight(rand(rng, 24, 8), name="w8"))  # too few columns to split
     split, big, small = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}, _big(wgpu_context), {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 1, "NBUF": 1}
     reduce = ("matmul_reduce", {})
     assert calls == [("matmul.f16", split), reduce, ("matmul.f16", split), ("matmul.f16", big), reduce, ("matmul.f16", small)]
-    assert ops._matmul_splits(24, 10, 256, 0, 24) == 4
+    assert ops.linear_kernels.matmul_splits(24, 10, 256, 0, 24) == 4
 
 
 @pytest.mark.parametrize("qtype", sorted([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K], key=lambda t: t.name))
@@ -200,8 +201,8 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format=fmt)
-    ops.tensor_cores = False  # f32 activations (the tensor-core path: tests/test_gpu_tensor_cores.py)
-    ops.matmul_splits = splits
+    ops.tuning.tensor_cores = False  # f32 activations (the tensor-core path: tests/test_gpu_tensor_cores.py)
+    ops.tuning.matmul_splits = splits
     rng = np.random.default_rng(7)
     tokens, cols, rows = 70, 96, 45
     gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
@@ -230,7 +231,7 @@ def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops
     np.testing.assert_allclose(got, ref.linear(x, w, None, None), atol=2e-4, rtol=1e-4)
     constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}
     from kjarni.gpu import kernels
-    from kjarni.gpu.ops import LINEAR_KINDS
+    from kjarni.gpu.linear import LINEAR_KINDS
 
     source = kernels.template("matmul", "f32")
     assert real("matmul.f32", LINEAR_KINDS, constants=constants, source=source, unchecked=True) is not real(

@@ -222,7 +222,7 @@ def test_nan_logits_raise_naming_the_step_when_decoding_runs_ahead(gpu_ops, sett
 
 @pytest.mark.parametrize("settings", [dict(temperature=0.0), dict(temperature=0.7, top_k=50)], ids=["greedy", "sampled"])
 def test_nan_logits_raise_when_decoding_step_by_step(gpu_ops, monkeypatch, settings):
-    monkeypatch.setattr(gpu_ops, "decode_ahead", 1)  # the loop reads argmax / top_k every step
+    monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 1)  # the loop reads argmax / top_k every step
     _, broken = _models(gpu_ops, nan_in=("lm_head.weight", 40))
     with pytest.raises(NonFiniteLogitsError, match="the prefill"):
         _tokens(broken, make_sampler(**settings), 4)

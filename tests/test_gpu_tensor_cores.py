@@ -23,7 +23,7 @@ def tc_ops(wgpu_context):
         pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no f16 subgroup-matrix "
                     "configuration (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
     ops = WgpuOps(wgpu_context, weight_format="f16")
-    ops.tensor_cores = True  # opt-in (WgpuOps.tensor_cores)
+    ops.tuning.tensor_cores = True  # opt-in (GpuTuning.tensor_cores)
     return ops
 
 
@@ -40,8 +40,8 @@ def test_tensor_core_matmul_matches_numpy_with_f16_activations(tc_ops, tile, spl
     ops = tc_ops
     if kernels.sgmat_variant(*tile, ops.context.f16_matrix_subgroup) not in kernels.TEMPLATES["matmul_sgmat"]:
         pytest.skip("tile not made at this subgroup size")
-    ops.sgmat_tiles = {(rows, cols): tile}
-    ops.sgmat_splits = splits  # 3: over grid z, then matmul_reduce (fewer where K has fewer steps)
+    ops.tuning.sgmat_tiles = {(rows, cols): tile}
+    ops.tuning.sgmat_splits = splits  # 3: over grid z, then matmul_reduce (fewer where K has fewer steps)
     rng = np.random.default_rng(tokens * rows + cols)
     x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
     w16 = f16_round(w)
@@ -79,7 +79,7 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     ops = tc_ops
     rng = np.random.default_rng(2)
     w, odd = ops.weight(rand(rng, 40, 64), name="w"), ops.weight(rand(rng, 40, 72), name="odd")
-    for tokens, name in ((1, "matvec.f16:main"), (ops.matvec_max_tokens, "linear_f16:matvec_t")):
+    for tokens, name in ((1, "matvec.f16:main"), (ops.tuning.matvec_max_tokens, "linear_f16:matvec_t")):
         ops.linear(upload(ops, rand(rng, tokens, 64)), w)
         assert _ran(ops, w, tokens) == name
     ops.linear(upload(ops, rand(rng, 10, 64)), w)
@@ -90,7 +90,7 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     wq = q8.weight(rand(rng, 40, 64), name="wq")
     q8.linear(upload(q8, rand(rng, 10, 64)), wq)
     assert _ran(q8, wq, 10) == "matmul_q8_0:main"
-    ops.tensor_cores = False
+    ops.tuning.tensor_cores = False
     w2 = ops.weight(rand(rng, 40, 64), name="w2")
     ops.linear(upload(ops, rand(rng, 10, 64)), w2)
     assert _ran(ops, w2, 10) == "matmul_f16:main"

@@ -22,10 +22,17 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if TYPE_CHECKING:
+    from kjarni.gpu.tuning import GpuTuning
+
+# main's kernel choices (--set, --tuning, --sgmat-choice), given to every WgpuOps it makes.
+TUNING: GpuTuning | None = None
 
 SHAPES = {
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -114,7 +121,7 @@ def build(shape: str, fmt: str, ops):
 def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = False) -> dict:
     from kjarni.gpu import WgpuOps
 
-    ops = WgpuOps(ctx, weight_format="f16")
+    ops = WgpuOps(ctx, weight_format="f16", tuning=TUNING)
     t0 = time.perf_counter()
     model = build(shape, fmt, ops)
     load_s = time.perf_counter() - t0
@@ -165,13 +172,13 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
 
     # The same decode with flash-decoding (attention_decode + attention_combine) instead of the
     # one-pass attention_single, for comparison at this context.
-    ops.attention_single_max = 0
+    single_max, ops.tuning.attention_single_max = ops.tuning.attention_single_max, 0
     token = int(ops.argmax(model.forward([token], cache))[0])
     t0 = time.perf_counter()
     for _ in range(steps):
         token = int(ops.argmax(model.forward([token], cache))[0])
     split_s = time.perf_counter() - t0
-    del ops.attention_single_max  # back to the class default
+    ops.tuning.attention_single_max = single_max
 
     # --core: prefill, greedy decode, recording and the per-step GPU time only (a short device call).
     verify_ms = _verify_costs(model, ops, cache, token, steps) if not core else None
@@ -273,16 +280,17 @@ def _sampling_costs(model, ops, cache, prompt, token: int, steps: int) -> dict:
 
     variants = {"greedy": make_sampler(0.0), "sampled": make_sampler(0.7, top_k=50, top_p=0.9)}
     best: dict[tuple[str, bool], float] = defaultdict(lambda: float("inf"))
+    checked = ops.tuning.finite_check
     for _ in range(3):
         for check in (True, False):
-            ops.finite_check = check
+            ops.tuning.finite_check = check
             for name, sampler in variants.items():
                 best[name, check] = min(best[name, check], _decode_ahead(model, cache, prompt, steps, sampler))
     kernels: dict[str, dict[str, float]] = {}
     if ops.context.has_timestamps:
         choose = {"argmax": ops.argmax_ahead, "top_k+sample": lambda x: ops.sample_ahead(x, variants["sampled"], 0.5)}
         for check in (True, False):
-            ops.finite_check = check
+            ops.tuning.finite_check = check
             for name, select in choose.items():
                 cache.offset = len(prompt)
                 logits = model.forward([token], cache)
@@ -291,7 +299,7 @@ def _sampling_costs(model, ops, cache, prompt, token: int, steps: int) -> dict:
                 us = 1e6 * sum(seconds for _, seconds in ops.context.stats.kernel_times)
                 ops.context.profile(False)
                 kernels.setdefault(name, {})["us_checked" if check else "us_unchecked"] = round(us, 1)
-    del ops.finite_check  # back to the class default (on)
+    ops.tuning.finite_check = checked
     return {
         "decode_tok_s_sampled": round(steps / best["sampled", True], 1),
         "sampled_over_greedy": round(best["greedy", True] / best["sampled", True], 3),
@@ -319,7 +327,7 @@ def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> 
     """Prefill only: best of ``repeats`` timed prompts, and GPU time per kernel of one prefill."""
     from kjarni.gpu import WgpuOps
 
-    ops = WgpuOps(ctx, weight_format="f16")
+    ops = WgpuOps(ctx, weight_format="f16", tuning=TUNING)
     model = build(shape, fmt, ops)
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
@@ -401,18 +409,30 @@ def bench_torch(shape: str, context: int, steps: int) -> dict | None:
             "prefill_tok_s": round(context / prefill_s, 1), "decode_tok_s": round(steps / decode_s, 1)}
 
 
-def _apply_tuning(path: str) -> dict:
-    """Set WgpuOps' matvec choices from a sweep's JSON: [[rows, cols, threads, rows_per_wg, chunks], ...]."""
-    from kjarni.gpu import WgpuOps
-
-    tuning = json.loads(Path(path).read_text())
-    WgpuOps.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in tuning.get("matvec_configs", [])}
-    WgpuOps.quant_split_k_min_cols = tuning.get("quant_split_k_min_cols")
-    WgpuOps.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
-                                       for f, r, c, wg, lanes, rr, un in tuning.get("matvec_template_configs", [])}
+def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
+    """Set the matvec and matmul choices of ``tuning`` from a sweep's JSON: [[rows, cols, threads,
+    rows_per_wg, chunks], ...] and the like."""
+    choice = json.loads(Path(path).read_text())
+    tuning.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in choice.get("matvec_configs", [])}
+    tuning.quant_split_k_min_cols = choice.get("quant_split_k_min_cols")
+    tuning.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
+                                      for f, r, c, wg, lanes, rr, un in choice.get("matvec_template_configs", [])}
     # tools/sweep_matmul.py's winners: [[rows, cols, TM, TN, BK, KSPLIT, NBUF, S], ...]
-    WgpuOps.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in tuning.get("matmul_configs", [])}
-    return tuning
+    tuning.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice.get("matmul_configs", [])}
+    return choice
+
+
+def _set_field(tuning: GpuTuning, item: str) -> str | None:
+    """Apply one ``--set NAME=VALUE`` (an int or float) to ``tuning``; an error message, or None."""
+    name, _, value = item.partition("=")
+    known = tuning.field_names()
+    if name not in known:
+        return f"--set {item}: GpuTuning has no field {name!r}; its fields: {', '.join(known)}"
+    try:
+        setattr(tuning, name, float(value) if "." in value else int(value))
+    except ValueError:
+        return f"--set {item}: {value!r} is not an int or a float"
+    return None
 
 
 def main() -> None:
@@ -432,26 +452,27 @@ def main() -> None:
                         help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
     parser.add_argument("--sgmat-choice", metavar="JSON",
                         help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out (skipped if missing); "
-                             "turns WgpuOps.tensor_cores on where a tile won (--set tensor_cores=1 turns it on with the defaults)")
+                             "turns GpuTuning.tensor_cores on where a tile won (--set tensor_cores=1 turns it on with the defaults)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
-                        help="override a WgpuOps class attribute (an int or float), e.g. matvec_t_quads=2")
+                        help="override a GpuTuning field (kjarni/gpu/tuning.py; an int or float), e.g. matvec_t_quads=2")
     args = parser.parse_args()
-    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.tuning import GpuTuning
 
+    global TUNING
+    TUNING = GpuTuning()
     for item in args.set:
-        name, _, value = item.partition("=")
-        if not hasattr(WgpuOps, name):
-            parser.error(f"WgpuOps has no attribute {name!r}")
-        setattr(WgpuOps, name, float(value) if "." in value else int(value))
-    tuning = _apply_tuning(args.tuning) if args.tuning else None
+        error = _set_field(TUNING, item)
+        if error:
+            parser.error(error)
+    tuning = _apply_tuning(TUNING, args.tuning) if args.tuning else None
     sgmat_choice = None
     if args.sgmat_choice and Path(args.sgmat_choice).is_file():
         sgmat_choice = json.loads(Path(args.sgmat_choice).read_text())
-        WgpuOps.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c["tile"] else None for c in sgmat_choice}
-        WgpuOps.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c["splits"]}
-        WgpuOps.tensor_cores = any(c["tile"] for c in sgmat_choice)
+        TUNING.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c["tile"] else None for c in sgmat_choice}
+        TUNING.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c["splits"]}
+        TUNING.tensor_cores = any(c["tile"] for c in sgmat_choice)
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):

@@ -2,7 +2,7 @@
 f32 sums: NumpyOps(activations="f16")) is from the float32 reference, on a real model, on the CPU.
 Prints JSON: per prompt position, top-1 agreement and the largest logit difference; then greedy
 tokens after the prompt (decode rows stay f32, as on the GPU, which rounds only products of more
-than WgpuOps.matvec_max_tokens rows).
+than GpuTuning.matvec_max_tokens rows).
 
     python tools/parity_f16_activations.py ~/.cache/kjarni/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 """
@@ -27,7 +27,7 @@ PROMPTS = [
 
 
 def main() -> None:
-    from kjarni.gpu.ops import WgpuOps
+    from kjarni.gpu.tuning import GpuTuning
     from kjarni.loader import load_model
     from kjarni.numpy_ops import NumpyOps
 
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--steps", type=int, default=16)
     args = parser.parse_args()
-    min_tokens = WgpuOps.matvec_max_tokens + 1
+    min_tokens = GpuTuning().matvec_max_tokens + 1
     ref = load_model(args.model, ops=NumpyOps())
     f16 = load_model(args.model, ops=NumpyOps(activations="f16", f16_activation_min_tokens=min_tokens))
     report = {"model": args.model, "f16_activation_min_tokens": min_tokens, "prompts": []}

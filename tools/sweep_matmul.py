@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kjarni.gpu import kernels
-from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, matmul_workgroup_bytes
+from kjarni.gpu.linear import LINEAR_KINDS, matmul_workgroup_bytes
+from kjarni.gpu.ops import WgpuOps
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
 from tools.sweep_matvec import EPS, Bench
 
@@ -97,9 +98,9 @@ PROBES = {"noload": _LOADS, "noload_nobarrier": _LOADS + _BARRIERS}
 
 
 def ops_choice(bench: Bench, rows: int, tokens: int, cols: int, flags: int) -> tuple[int, int, int, int, int, int]:
-    """(TM, TN, BK, KSPLIT, S) that WgpuOps._plan_linear dispatches for this product."""
+    """(TM, TN, BK, KSPLIT, S) that kjarni/gpu/linear.py's `Linear.plan` dispatches for this product."""
     ops = WgpuOps(bench.ctx)
-    return (*ops.matmul_config(rows, tokens, cols), ops._matmul_splits(rows, tokens, cols, flags, rows))
+    return (*ops.matmul_config(rows, tokens, cols), ops.linear_kernels.matmul_splits(rows, tokens, cols, flags, rows))
 
 
 def fma_peak(bench: Bench, groups: int) -> dict:

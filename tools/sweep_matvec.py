@@ -11,7 +11,7 @@ decode step reads every layer's weights once. Every variant's output is checked 
 Variants (shaders/matvec.tmpl.wgsl, shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
 - every format ``mv WG=w L=l R=r UN=u``: the decode template (w threads in row groups of l lanes,
   r rows a group, u units a trip); the report's ``matvec_template_configs`` lists the best per
-  (shape, format) as WgpuOps.matvec_template_configs takes them (``--tuning-out`` writes them too).
+  (shape, format) as GpuTuning.matvec_template_configs takes them (``--tuning-out`` writes them too).
 - f16 ``sg R=r``: ``matvec_sg`` (a subgroup per r rows, 256 threads); ``wg``: ``matvec`` (the
   workgroup split-K with R = 4); ``u WG=w R=r U=u``: ``matvec_u`` (w threads on r rows, u chunks of
   8 columns per thread per step, loads issued before use).
@@ -22,10 +22,10 @@ Variants (shaders/matvec.tmpl.wgsl, shaders/linear_body.wgsl, shaders/linear_q*.
 ``--tokens N`` (N > 1; speculative verify): x is [N, cols] ([N, 2 cols] for down), the residual and
 the output [N, rows], and every variant is checked against numpy on all N rows. The variants above
 run at N tokens (they loop over the tokens, a 4-token tile per pass for ``main``), plus the
-multi-token kernels as WgpuOps._linear_plan dispatches them:
+multi-token kernels as kjarni/gpu/linear.py's `Linear.segment_kernel` dispatches them:
 - f16 ``t WG=w R=r Q=q``: ``matvec_t`` (w threads in 32, 64, 128, 256 on r in 1, 2, 4 rows, q token
-  quads per pass in 1 .. min(3, ceil(N / 4)), as WgpuOps.matvec_t_quads is limited), grid
-  ``_fold(ceil(rows / r))``.
+  quads per pass in 1 .. min(3, ceil(N / 4)), as GpuTuning.matvec_t_quads is limited), grid
+  ``fold(ceil(rows / r))``.
 - quantized ``t WG=w QT=q``: ``main_t`` (a subgroup per row, w in 32, 64, 128, 256; q tiles of 4
   tokens per pass in 1 .. min(3, ceil(N / 4))), grid ceil(rows / (w / 32)) workgroups (at most
   65535; for WG = 128, the one kjarni uses, that is ``quant.workgroup_count(rows)``).
@@ -61,7 +61,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kjarni.gpu import kernels, quant
 from kjarni.gpu.context import WgpuContext
-from kjarni.gpu.ops import LINEAR_KINDS, WgpuOps, _fold
+from kjarni.gpu.linear import LINEAR_KINDS
+from kjarni.gpu.step import fold
+from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.params import (
     LINEAR,
     LINEAR_BIAS,
@@ -336,27 +338,27 @@ class Bench:
         for wg, lanes, r, un in mv_configs(cols):
             p = ctx.pipeline("matvec." + fmt_name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "R": r, "UN": un},
                              source=lambda f=fmt_name: kernels.template("matvec", f))
-            yield f"mv WG={wg} L={lanes} R={r} UN={un}", p, _fold(-(-rows // (r * wg // lanes)))
+            yield f"mv WG={wg} L={lanes} R={r} UN={un}", p, fold(-(-rows // (r * wg // lanes)))
         if fmt == "f16":
             for r in (1, 2, 4):
                 p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_sg", constants={"R": r, "WG": 256})
-                yield f"sg R={r}", p, _fold(-(-((rows + r - 1) // r) // 8))
+                yield f"sg R={r}", p, fold(-(-((rows + r - 1) // r) // 8))
             threads = max(64, min(256, 1 << (chunks.bit_length() - 1)))
             p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec", constants={"R": 4, "WG": threads})
-            yield f"wg R=4 WG={threads}", p, _fold(-(-rows // 4))
+            yield f"wg R=4 WG={threads}", p, fold(-(-rows // 4))
             for wg in (32, 64, 128, 256):
                 for u in (1, 2, 4):
                     if u > 1 and (u // 2) * wg >= chunks:  # half the threads' extra chunks would be past the row
                         continue
                     for r in (1, 2, 4):
                         p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_u", constants={"R": r, "WG": wg, "U": u})
-                        yield f"u WG={wg} R={r} U={u}", p, _fold(-(-rows // r))
+                        yield f"u WG={wg} R={r} U={u}", p, fold(-(-rows // r))
             if tokens > 1:
                 for wg in (32, 64, 128, 256):
                     for r in (1, 2, 4):
                         for q in quads:
                             p = ctx.pipeline("linear_f16", LINEAR_KINDS, entry="matvec_t", constants={"WG": wg, "R": r, "Q": q})
-                            yield f"t WG={wg} R={r} Q={q}", p, _fold(-(-rows // r))
+                            yield f"t WG={wg} R={r} Q={q}", p, fold(-(-rows // r))
             return
         kernel = "linear_" + fmt
 
@@ -379,24 +381,27 @@ class Bench:
                     yield f"t WG={wg} QT={q}", p, (min(-(-rows // (wg // 32)), 65535), 1, 1)
 
 
+DEFAULTS = GpuTuning()  # the kernel choices kjarni makes without a --tuning file
+
+
 def ops_choice(fmt: str, rows: int, cols: int, tokens: int) -> str | None:
-    """The label of the variant WgpuOps._linear_plan dispatches at `tokens` (> 1) tokens, if swept."""
-    if tokens > WgpuOps.matvec_max_tokens:
+    """The label of the variant kjarni/gpu/linear.py's `Linear.segment_kernel` dispatches at `tokens` (> 1) tokens, if swept."""
+    if tokens > DEFAULTS.matvec_max_tokens:
         return None  # the tiled matmul, not swept here
-    q = max(1, min(WgpuOps.matvec_t_quads, 3, -(-tokens // 4)))
-    if fmt == "f16" and tokens >= WgpuOps.matvec_t_min_tokens:
-        threads, r = WgpuOps.matvec_t_configs.get((rows, cols)) or (
+    q = max(1, min(DEFAULTS.matvec_t_quads, 3, -(-tokens // 4)))
+    if fmt == "f16" and tokens >= DEFAULTS.matvec_t_min_tokens:
+        threads, r = DEFAULTS.matvec_t_configs.get((rows, cols)) or (
             (32 if rows >= 65536 else 128, 4 if rows >= 1024 else 2) if -(-cols // 8) <= 256 else (256, 4)
         )
         return f"t WG={threads} R={r} Q={q}"
-    if fmt != "f16" and tokens >= WgpuOps.quant_t_min_tokens:
+    if fmt != "f16" and tokens >= DEFAULTS.quant_t_min_tokens:
         return f"t WG=128 QT={q}"  # main_t's WG is the shader's default, 128
     return None
 
 
 def suggest_multi(report: dict) -> dict:
     """At several tokens: per (shape, format), the best matvec_t / main_t variant, the best of the
-    others (the per-token kernels), and the variant WgpuOps picks; plus WgpuOps.matvec_t_configs
+    others (the per-token kernels), and the variant kjarni picks; plus GpuTuning.matvec_t_configs
     from the f16 winners among the matvec_t variants."""
     out, configs = {}, {}
     for r in report["results"]:
@@ -467,7 +472,7 @@ def main() -> None:
     report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"],
                        "us_over_empty_dispatch": round(v["us"] - report["empty_dispatch_us"], 2)}
                       for k, v in best.items()]
-    # WgpuOps.matvec_template_configs from the best matvec.tmpl.wgsl variant per shape and format.
+    # GpuTuning.matvec_template_configs from the best matvec.tmpl.wgsl variant per shape and format.
     mv_best = {}
     for r in report["results"]:
         if "gb_s" in r and r["ok"] and r["variant"].startswith("mv "):
@@ -477,7 +482,7 @@ def main() -> None:
     report["matvec_template_configs"] = [
         [f if f in ("f16", "f32") else f.upper(), *SHAPES[s][:2], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
         for (s, f), v in mv_best.items()]
-    # What kjarni should pick (WgpuOps.matvec_configs, quant_split_k_min_cols), from the winners.
+    # What kjarni should pick (GpuTuning.matvec_configs, quant_split_k_min_cols), from the winners.
     configs, split_cols, plain_cols = {}, [], []
     for r in report["best"]:
         rows, cols, _ = SHAPES[r["shape"]]

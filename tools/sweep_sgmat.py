@@ -98,10 +98,10 @@ def main() -> None:
                                              for t in tiles for sp in splits_list]
         for label, tile, sp in variants:
             ops = WgpuOps(ctx, weight_format="f16")
-            ops.tensor_cores = tile is not None
-            ops.sgmat_splits = sp
+            ops.tuning.tensor_cores = tile is not None
+            ops.tuning.sgmat_splits = sp
             if tile is not None:
-                ops.sgmat_tiles = {(rows, cols): tile}
+                ops.tuning.sgmat_tiles = {(rows, cols): tile}
             try:
                 weight = ops.weight(w16.astype(np.float32), name=f"{name}.weight")
                 nwt = ops.weight(nw, name="norm.weight") if nw is not None else None

@@ -1,0 +1,271 @@
+"""Attention on the GPU: the KV cache, rope_store and the attention kernels per case.
+
+`Attention.attention` picks the kernel: a one-token step fused with rope_store (attention_step.wgsl,
+optionally split over the keys and merged by the next matvec), one pass over a short context
+(attention_single), flash-decoding (attention_decode + attention_combine), and for a prefill the
+register-tiled kernel (head_dim 64) or attention_prefill. The choices read `GpuTuning`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kjarni.errors import ContextOverflowError, InvalidConfigurationError, InvalidModelError
+from kjarni.gpu import kernels
+from kjarni.gpu.context import WgpuContext
+from kjarni.gpu.params import ATTENTION, ATTENTION_STEP, ROPE_STORE
+from kjarni.gpu.step import AttentionPartials, GpuTensor, RopePending, StepStart, fold, new_tensor
+from kjarni.gpu.upload import GpuWeight
+
+if TYPE_CHECKING:
+    from kjarni.gpu.ops import WgpuOps
+
+ROPE_KINDS = ("uniform", "uniform", "read", "read", "rw", "rw", "rw")
+ATTENTION_KINDS = ("uniform", "uniform", "read", "read", "read", "rw")
+COMBINE_KINDS = ("uniform", "uniform", "read", "rw")
+
+DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
+SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
+SINGLE_WG = 512  # threads of attention_single
+STEP_MAX_KEYS = 1024  # attention_step.wgsl's MAX_KEYS
+ATTENTION_TILED_BYTES = 30720  # attention_tiled.wgsl's workgroup memory: q, k, v 8 KiB each, p 4, maxima 2
+
+
+class WgpuKVCache:
+    """Keys and values per layer, ``[kv_heads, capacity, head_dim]`` each (f32 or f16), allocated once."""
+
+    def __init__(self, context: WgpuContext, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, kv_format: str) -> None:
+        if head_dim % 4 or head_dim > 256:
+            raise InvalidModelError(f"the GPU backend needs head_dim a multiple of 4 and at most 256, got {head_dim}")
+        element = 2 if kv_format == "f16" else 4
+        layer_bytes = num_kv_heads * capacity * head_dim * element
+        if layer_bytes > context.max_binding_size:
+            raise InvalidConfigurationError(
+                f"a KV cache of {capacity} positions needs {layer_bytes} bytes per layer, more than this GPU's "
+                f"binding limit of {context.max_binding_size}; ask for a smaller capacity"
+            )
+        self.keys = [context.storage(layer_bytes, f"k{i}") for i in range(num_layers)]
+        self.values = [context.storage(layer_bytes, f"v{i}") for i in range(num_layers)]
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.capacity = capacity
+        self.kv_format = kv_format
+        self.offset = 0
+        self._nbytes = 2 * num_layers * layer_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` positions; returns the new offset."""
+        self.offset -= min(max(n, 0), self.offset)
+        return self.offset
+
+
+def _kv_flags(kv_cache: WgpuKVCache) -> tuple[str, ...]:
+    return ("kv_f16",) if kv_cache.kv_format == "f16" else ()
+
+
+class Attention:
+    """rope_store and attention of `WgpuOps` (``ops``: the owner of the pending handles it makes),
+    with uniforms and pipelines planned once per shape in ``plans``."""
+
+    def __init__(self, ops: WgpuOps, step: StepStart) -> None:
+        self.ops = ops
+        self.context = ops.context
+        self.tuning = ops.tuning
+        self.step = step
+        self.plans: dict[tuple, Any] = {}
+
+    def rope_store(self, qkv: GpuTensor, rope: GpuWeight | None, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+        tokens, width = qkv.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = (width - 2 * kv * hd) // hd
+        if start + tokens > kv_cache.capacity:
+            raise ContextOverflowError(
+                f"{start + tokens} positions do not fit in a KV cache of {kv_cache.capacity}",
+                tokens=start + tokens,
+                context=kv_cache.capacity,
+            )
+        if rope is not None and (rope.kind != "table" or start + tokens > rope.shape[0] or rope.shape[1] > hd):
+            raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
+        if tokens == 1 and self.tuning.fuse_rope and start + 1 <= min(self.tuning.attention_single_max, STEP_MAX_KEYS):
+            return RopePending(self.ops, qkv, rope, kv_cache, layer, start, heads * hd)  # attention_step does it
+        return self.rope_store_now(qkv, rope, kv_cache, layer, start)
+
+    def rope_store_now(self, qkv: GpuTensor, rope: GpuWeight | None, kv_cache: WgpuKVCache, layer: int, start: int) -> GpuTensor:
+        ctx = self.context
+        tokens, width = qkv.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = (width - 2 * kv * hd) // hd
+        step = self.step.buffer(start)
+        rotary_dim = 0 if rope is None else rope.shape[1]
+        key = ("rope_store", tokens, heads, kv, hd, kv_cache.capacity, rotary_dim, kv_cache.kv_format)
+        plan = self.plans.get(key)
+        if plan is None:
+            params = ctx.uniform(
+                ROPE_STORE.pack(
+                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                    rotary_dim=rotary_dim,
+                )
+            )
+            pipeline = ctx.pipeline("rope_store", ROPE_KINDS, flags=_kv_flags(kv_cache))
+            plan = self.plans[key] = (pipeline, params, fold(-(-tokens * (heads + 2 * kv) * (hd // 2) // 64)))
+        pipeline, params, grid = plan
+        q = new_tensor(ctx, tokens, heads * hd)
+        table = ctx.dummy if rope is None else rope.buffer
+        buffers = (params, step, qkv.buffer, table, kv_cache.keys[layer], kv_cache.values[layer], q.buffer)
+        ctx.dispatch(pipeline, buffers, grid)
+        return q
+
+    def attention(
+        self, q: GpuTensor, kv_cache: WgpuKVCache, layer: int, start: int, window: int | None = None
+    ) -> GpuTensor:
+        ctx, tuning = self.context, self.tuning
+        if type(q) is RopePending:
+            if q.kv_cache is kv_cache and q.layer == layer and q.start == start and not q.stored:
+                return self.attention_step(q, window)
+            q = q._materialize()
+        tokens, width = q.shape
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = width // hd
+        step = self.step.buffer(start)
+        max_splits = -(-kv_cache.capacity // DECODE_CHUNK)
+        key = ("attention", tokens, heads, kv, hd, kv_cache.capacity, window or 0)
+
+        def uniform(splits: int) -> Any:  # the attention Params with this stride of split partials
+            return ctx.uniform(
+                ATTENTION.pack(
+                    num_heads=heads, num_kv_heads=kv, head_dim=hd, tokens=tokens, capacity=kv_cache.capacity,
+                    max_splits=splits, scale=float(np.float32(1.0 / np.sqrt(hd))), window=window or 0,
+                )
+            )
+
+        params = self.plans.get(key)
+        if params is None:
+            params = self.plans[key] = uniform(max_splits)
+        flags = _kv_flags(kv_cache)
+        out = new_tensor(ctx, tokens, width)
+        k_buf, v_buf = kv_cache.keys[layer], kv_cache.values[layer]
+        span = start + tokens if not window else min(start + tokens, window)  # keys a query row sees
+        if tokens <= tuning.matvec_max_tokens and span <= min(tuning.attention_single_max, SINGLE_MAX_KEYS):
+            # Short context: one workgroup per (head, row) over all its keys, one dispatch.
+            single = self.plans.get(("attention_single", hd, flags))
+            if single is None:
+                single = self.plans[("attention_single", hd, flags)] = ctx.pipeline(
+                    "attention_single", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd, "WG": SINGLE_WG}
+                )
+            ctx.dispatch(single, (params, step, q.buffer, k_buf, v_buf, out.buffer), (heads, tokens, 1))
+        elif tokens <= tuning.matvec_max_tokens:
+            # Flash-decoding: chunks of DECODE_CHUNK positions in parallel, then one merge.
+            partial = ctx.scratch(tokens * heads * max_splits * (hd + 2) * 4)
+            decode = ctx.pipeline(
+                "attention_decode", ATTENTION_KINDS, flags=flags, constants={"HEAD_DIM": hd, "WG": DECODE_CHUNK}
+            )
+            splits = -(-(start + tokens) // DECODE_CHUNK)
+            ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
+            combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
+            ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+        elif hd == 64 and tuning.attention_tiled and ctx.max_workgroup_storage >= ATTENTION_TILED_BYTES:
+            # Register-tiled flash attention: 32 query rows x 32-key tiles per workgroup; past
+            # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
+            # attention_combine merges the splits as for flash-decoding.
+            # The partials grow with tokens x splits: long prompts take longer chunks (doubling).
+            chunk = tuning.attention_tiled_chunk
+            if chunk:
+                fits = min(tuning.attention_partial_max_bytes, ctx.max_binding_size) // (tokens * heads * (hd + 2) * 4)
+                while -(-(start + tokens) // chunk) > max(1, fits):
+                    chunk *= 2
+            splits = -(-(start + tokens) // chunk) if chunk else 1
+            grid = (-(-tokens // 32), heads, splits)
+            if splits <= 1:
+                tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags)
+                ctx.dispatch(tiled, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+                return out
+            split_params = uniform(splits)
+            partial = ctx.scratch(tokens * heads * splits * (hd + 2) * 4)
+            tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags, constants={"CHUNK": chunk})
+            ctx.dispatch(tiled, (split_params, step, q.buffer, k_buf, v_buf, partial.buffer), grid)
+            combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": chunk})
+            ctx.dispatch(combine, (split_params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+        else:
+            # Threads per query row: a power of two dividing hd / 4, within a subgroup.
+            dt = 1
+            while ctx.has_subgroups and dt < tuning.attention_prefill_lanes and (hd // 4) % (2 * dt) == 0:
+                dt *= 2
+            rows_per_group = max(1, 256 // dt) if dt > 1 else 32
+
+            def source() -> str:
+                # Private arrays cannot be sized by an override: size q and the output row exactly.
+                subgroup = frozenset({"subgroup"}) if ctx.has_subgroups else frozenset()
+                text = kernels.source("attention_prefill", frozenset(flags) | subgroup)
+                text = text.replace("const DT: u32 = 1u;", f"const DT: u32 = {dt}u;")
+                return text.replace("const MAX_D4: u32 = 64u;", f"const MAX_D4: u32 = {hd // 4}u;")
+
+            prefill = ctx.pipeline(
+                "attention_prefill", ATTENTION_KINDS, flags=(*flags, f"lanes{dt}"),
+                constants={"HEAD_DIM": hd, "BQ": rows_per_group}, source=source,
+            )
+            grid = (-(-tokens // rows_per_group), heads, 1)
+            ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+        return out
+
+    def attention_step(self, pending: RopePending, window: int | None) -> GpuTensor:
+        """rope_store + attention of one token in one dispatch (attention_step.wgsl)."""
+        ctx, tuning = self.context, self.tuning
+        kv_cache, rope, qkv = pending.kv_cache, pending.rope, pending.qkv
+        hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
+        heads = pending.shape[1] // hd
+        rotary_dim = 0 if rope is None else rope.shape[1]
+        splits = max(1, tuning.attention_step_splits) if ctx.has_subgroups else 1
+        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits)
+        plan = self.plans.get(key)
+        if plan is None:
+            params = ctx.uniform(ATTENTION_STEP.pack(
+                num_heads=heads, num_kv_heads=kv, head_dim=hd, capacity=kv_cache.capacity, rotary_dim=rotary_dim,
+                window=window or 0, scale=float(np.float32(1.0 / np.sqrt(hd))),
+            ))
+            # WG: hd / 4 times a power of two, at most attention_step_threads and the device's limit;
+            # KL threads per key in the scores (a divisor of hd / 4; subgroup shuffles).
+            most = tuning.attention_split_threads if splits > 1 else tuning.attention_step_threads
+            limit = min(most, int(ctx.adapter.limits["max-compute-invocations-per-workgroup"]))
+            threads = hd // 4
+            while threads * 2 <= limit:
+                threads *= 2
+            kl = next(k for k in (4, 2, 1) if (hd // 4) % k == 0) if ctx.has_subgroups else 1
+            pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
+                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits})
+            plan = self.plans[key] = (pipeline, params)
+        pipeline, params = plan
+        if splits > 1:
+            partials = ctx.scratch(heads * splits * (hd + 4) * 4)
+            out_buffer = partials.buffer
+        else:
+            out = new_tensor(ctx, 1, heads * hd)
+            out_buffer = out.buffer
+        table = ctx.dummy if rope is None else rope.buffer
+        buffers = (params, self.step.buffer(pending.start), qkv.buffer, table, kv_cache.keys[pending.layer],
+                   kv_cache.values[pending.layer], out_buffer)
+        ctx.dispatch(pipeline, buffers, (heads, splits, 1))
+        pending.stored = True
+        if splits > 1:
+            return AttentionPartials(self.ops, partials, heads * hd, splits, hd // 4)
+        return out
+
+    def merge(self, x: AttentionPartials) -> GpuTensor:
+        """attention_combine over a split attention_step's partials (when no matvec merges them)."""
+        ctx = self.context
+        heads = x.shape[1] // (4 * x.hd4)
+        key = ("attention_merge", heads, x.hd4, x.splits)
+        plan = self.plans.get(key)
+        if plan is None:
+            params = ctx.uniform(ATTENTION.pack(num_heads=heads, num_kv_heads=1, head_dim=4 * x.hd4, tokens=1, capacity=0,
+                                                max_splits=x.splits, scale=1.0, window=0))
+            pipeline = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"SPLITS": x.splits, "PAD": 4})
+            plan = self.plans[key] = (pipeline, params)
+        pipeline, params = plan
+        out = new_tensor(ctx, 1, x.shape[1])
+        ctx.dispatch(pipeline, (params, self.step.buffer(self.step.start), x.partials.buffer, out.buffer), (heads, 1, 1))
+        return out

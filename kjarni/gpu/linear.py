@@ -1,0 +1,364 @@
+"""Linear products on the GPU: which kernel each weight segment runs, planned once per use.
+
+`Linear.record` is the hot path of a decode step (4 of its 6 dispatches per layer): everything that
+depends only on the shapes and the weight is planned once (`plan`) and kept on the weight; the
+bind groups are cached per (x, residual, y) buffers, which repeat step after step (pooled).
+`segment_kernel` picks the kernel of one segment: the tensor-core or SIMT matmul for a prefill,
+matvec.tmpl.wgsl for one token, linear_body's / quant.py's matrix-vector kernels otherwise. The
+choices read `GpuTuning` (kjarni/gpu/tuning.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kjarni.errors import InvalidConfigurationError
+from kjarni.gpu import kernels
+from kjarni.gpu.context import WgpuContext
+from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
+from kjarni.gpu.step import AttentionPartials, GpuTensor, SiluMulPending, fold
+from kjarni.gpu.tuning import GpuTuning
+from kjarni.gpu.upload import GpuWeight, Segment
+
+LINEAR_KINDS = ("uniform", "read", "read", "read", "read", "read", "read", "rw")
+
+
+def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int, nbuf: int = 1) -> int:
+    """Workgroup memory of matmul.tmpl.wgsl's tiles: per thread group and buffer, x as BK x
+    (2 TM + 1) and W as BK x 2 TN vec4s."""
+    return nbuf * ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
+
+
+def template_pipeline(context: WgpuContext, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None) -> Any:
+    """The pipeline of ``shaders/<op>.tmpl.wgsl`` rendered for weight format ``fmt`` (kernels.TEMPLATES),
+    named ``<op>.<fmt>``."""
+
+    def source() -> str:
+        return kernels.template(op, fmt)
+
+    return context.pipeline(f"{op}.{fmt}", kinds, constants=constants, source=source)
+
+
+class Linear:
+    """Plans and records ``y = x W^T (+ bias) (+ residual)``, with an optional fused norm of x or
+    silu_mul of ``[gate | up]``, on ``context`` as ``tuning`` says."""
+
+    def __init__(self, context: WgpuContext, tuning: GpuTuning) -> None:
+        self.context = context
+        self.tuning = tuning
+
+    def record(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight | None, residual: GpuTensor | None,
+               norm_weight: GpuWeight | None, eps: float) -> GpuTensor:
+        ctx = self.context
+        tokens = x.shape[0]
+        silu = type(x) is SiluMulPending and self.silu_fusable(weight, tokens)
+        attn = None
+        if type(x) is AttentionPartials:
+            attn = (x.splits, x.hd4)
+            fusable = weight.plans.get(("merge", attn))  # whether this weight's matvec merges them, decided once
+            if fusable is None:
+                fusable = weight.plans[("merge", attn)] = self.merge_fusable(x, weight)
+            if not fusable:
+                attn = None
+        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn)
+        plan = weight.plans.get(key)
+        if plan is None:
+            plan = weight.plans[key] = self.plan(x.shape, weight, bias, residual, norm_weight, eps, silu, attn)
+        dispatches, groups, rows, common = plan
+        x_buffer = x.source.buffer if silu else x.partials.buffer if attn else x.buffer
+        out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
+        r_buffer = residual.buffer if residual is not None else None
+        # Split K (prefill, few tiles): the partial sums go through a scratch of S x [tokens, rows],
+        # free again once recorded (later users of the pool write it after the reduce has read it).
+        partials = ctx.scratch(common[4]) if common[4] else None
+        p_buffer = partials.buffer if partials is not None else None
+        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer))
+        if bound is None:
+            bias_buffer, norm_buffer, _, _, _ = common
+            dummy, r = ctx.dummy, r_buffer or ctx.dummy
+            buffers = {  # per role: bindings 1 .. 7 (x, w_a, w_b, bias, residual, norm_weight, y)
+                "out": lambda w_a, w_b: (x_buffer, w_a, w_b, bias_buffer, r, norm_buffer, out.buffer),
+                "partial": lambda w_a, w_b: (x_buffer, w_a, w_b, dummy, dummy, norm_buffer, p_buffer),
+                "reduce": lambda w_a, w_b: (p_buffer, dummy, dummy, bias_buffer, r, dummy, out.buffer),
+            }
+            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer)] = [
+                ctx.bind_group(pipeline, (params, *buffers[role](w_a, w_b))) for pipeline, params, _, w_a, w_b, role in dispatches
+            ]
+        for (pipeline, _, grid, _, _, _), group in zip(dispatches, bound):
+            ctx.dispatch_group(pipeline, group, grid)
+        if tokens > self.tuning.matvec_max_tokens and ctx.stats.pending_dispatches >= self.tuning.prefill_submit_every:
+            ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next
+        return out
+
+    def silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
+        """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``): the
+        matrix-vector kernels and matmul.tmpl.wgsl do; a format without a matmul kernel does not."""
+        if weight.kind != "matrix":
+            return False
+        return tokens <= self.tuning.matvec_max_tokens or all(kernels.has_template("matmul", s.format) for s in weight.segments)
+
+    def merge_fusable(self, x: AttentionPartials, weight: GpuWeight) -> bool:
+        """Whether the one-token product by ``weight`` can merge split attention partials while
+        loading x: every segment runs matvec.tmpl.wgsl, and x fits its workgroup memory."""
+        cols = x.shape[1]
+        return (weight.kind == "matrix" and cols <= 4096 and weight.shape[1] == cols
+                and all(self.matvec_config(s.format, s.rows, cols) is not None for s in weight.segments))
+
+    def plan(self, x_shape: tuple[int, int], weight: GpuWeight, bias, residual, norm_weight, eps, silu: bool,
+             attn: tuple[int, int] | None = None) -> tuple:
+        """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
+        buffers, bias, norm, bytes of split-K partials)); role "out" writes y, "partial" the partials
+        of a prefill matmul split over K, "reduce" adds them into y (matmul_reduce.wgsl)."""
+        ctx = self.context
+        tokens, cols = x_shape
+        rows = weight.shape[0]
+        if weight.kind != "matrix" or weight.shape[1] != cols:
+            raise InvalidConfigurationError(f"linear: x of shape {x_shape} does not fit weight {weight.name} {weight.shape}")
+        flags = (
+            (LINEAR_BIAS if bias is not None else 0)
+            | (LINEAR_RESIDUAL if residual is not None else 0)
+            | (LINEAR_NORM if norm_weight is not None else 0)
+            | (LINEAR_SILU if silu else 0)
+        )
+        dispatches = []
+        for seg in weight.segments:
+            tile = self.sgmat_tile(seg, tokens, cols)
+            if tile is not None:
+                splits = self.sgmat_splits(tile, seg.rows, tokens, cols, rows)
+            else:
+                splits = self.matmul_splits(seg.rows, tokens, cols, flags, rows) if self.uses_matmul(seg, tokens) else 1
+            if splits == 1:
+                pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, attn)
+                dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
+                continue
+            # Split K: partial sums (no bias, no residual) into the scratch, then matmul_reduce.
+            kept = LINEAR_SILU | (LINEAR_NORM if tile is not None else 0)  # matmul_sgmat's norm covers whole rows
+            pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags & kept, eps)
+            dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "partial"))
+            params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
+                                             row_offset=seg.row_offset, y_stride=rows, eps=eps))
+            reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
+            dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+        most = max((d[2][2] for d in dispatches if d[5] == "partial"), default=1)
+        common = (
+            bias.buffer if bias is not None else ctx.dummy,
+            norm_weight.buffer if norm_weight is not None else ctx.dummy,
+            bias,  # held so that their ids in the plan key stay theirs
+            norm_weight,
+            most * tokens * rows * 4 if most > 1 else 0,  # the partials' scratch
+        )
+        return dispatches, {}, rows, common
+
+    def segment_kernel(self, seg: Segment, cols: int, rows: int, tokens: int, flags: int, eps: float,
+                       attn: tuple[int, int] | None = None) -> tuple[Any, Any, tuple[int, int, int]]:
+        """(pipeline, params, grid) of the one dispatch that multiplies ``tokens`` rows of x by
+        segment ``seg`` (writing rows ``seg.row_offset ..`` of a y of ``rows`` columns)."""
+        from kjarni.gpu import quant
+
+        ctx, tuning = self.context, self.tuning
+        params = ctx.uniform(
+            LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=eps)
+        )
+        tile = self.sgmat_tile(seg, tokens, cols)
+        if tile is not None:  # tensor cores
+            bm, bn, bk, sm, sn = tile
+            variant = kernels.sgmat_variant(bm, bn, bk, sm, sn, ctx.f16_matrix_subgroup)
+
+            def source_sg() -> str:
+                return kernels.template("matmul_sgmat", variant)
+
+            pipeline = ctx.pipeline("matmul_sgmat." + variant, LINEAR_KINDS, source=source_sg)
+            return pipeline, params, (-(-seg.rows // bn), -(-tokens // bm), 1)
+        if self.uses_matmul(seg, tokens):
+            tm, tn, bk, ksplit, nbuf = self.matmul_config(seg.rows, tokens, cols)
+            constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
+            pipeline = template_pipeline(ctx, "matmul", seg.format, LINEAR_KINDS, constants)
+            return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
+        config = self.matvec_config(seg.format, seg.rows, cols) if tokens == 1 else None
+        if config is not None:
+            # One token (decode): matvec.tmpl.wgsl rendered for the format (its block decoder).
+            threads, lanes, r, un = config
+            fmt = seg.format
+            variant = frozenset({"attn"}) if attn else frozenset()
+
+            def source_mv() -> str:
+                return kernels.template("matvec", fmt, variant)
+
+            constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un}
+            if attn:  # x: split attention partials, merged per workgroup (fewer, larger workgroups)
+                threads, lanes, r, un = tuning.matvec_attn_threads, tuning.matvec_attn_lanes, 1, 2
+                constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "SPLITS": attn[0], "HD4": attn[1]}
+            pipeline = ctx.pipeline("matvec." + fmt, LINEAR_KINDS, flags=tuple(variant), constants=constants, source=source_mv)
+            return pipeline, params, fold(-(-seg.rows // (r * threads // lanes)))
+        if not seg.dense:
+            if tuning.quant_t_min_tokens <= tokens <= tuning.matvec_max_tokens and ctx.has_subgroups:
+                # Several tokens: `main_t` dequantizes each unit once for up to 4 x tiles tokens.
+                def source_t() -> str:
+                    return quant.shader_source(seg.linear_kernel, subgroups=True)
+
+                constants = {"QT": max(1, min(tuning.matvec_t_quads, 3, -(-tokens // 4)))}
+                pipeline = ctx.pipeline(
+                    seg.linear_kernel, LINEAR_KINDS, entry="main_t", constants=constants, source=source_t, flags=("quant",)
+                )
+                return pipeline, params, (quant.workgroup_count(seg.rows), 1, 1)
+            min_cols = tuning.quant_split_k_min_cols
+            if tokens <= tuning.matvec_max_tokens and ctx.has_subgroups and min_cols is not None and cols >= min_cols:
+                # Long rows, few of them (down_proj): the whole workgroup shares each row (SPLIT_K).
+                def source() -> str:
+                    return quant.shader_source(seg.linear_kernel, subgroups=True)
+
+                constants = {"WG": tuning.quant_split_k_threads, "SPLIT_K": True}
+                pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, constants=constants, source=source, flags=("quant",))
+                return pipeline, params, (min(seg.rows, 65535), 1, 1)
+
+            def source_main() -> str:
+                return quant.shader_source(seg.linear_kernel, subgroups=ctx.has_subgroups)
+
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="main", source=source_main, flags=("quant",))
+            return pipeline, params, (quant.workgroup_count(seg.rows, subgroups=ctx.has_subgroups), 1, 1)
+        if tuning.matvec_t_min_tokens <= tokens <= tuning.matvec_max_tokens and ctx.has_subgroups:
+            # Several tokens (speculative verify): matvec_t applies each weight chunk to up to
+            # 4 x quads tokens held in registers; long rows split K over 256 threads as matvec does.
+            quads = max(1, min(tuning.matvec_t_quads, 3, -(-tokens // 4)))
+            threads, r = tuning.matvec_t_configs.get((seg.rows, cols)) or (
+                (32 if seg.rows >= 65536 else 128, 4 if seg.rows >= 1024 else 2) if -(-cols // 8) <= 256 else (256, 4)
+            )
+            constants = {"WG": threads, "R": r, "Q": quads}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_t", constants=constants)
+            return pipeline, params, fold(-(-seg.rows // r))
+        config = tuning.matvec_configs.get((seg.rows, cols)) if tokens <= tuning.matvec_max_tokens and ctx.has_subgroups else None
+        if config is not None:
+            # A configuration measured for this shape (tools/sweep_matvec.py): matvec_u with
+            # `threads` threads on `r` rows, `u` 8-column chunks per thread per step.
+            threads, r, u = config
+            constants = {"WG": threads, "R": r, "U": u}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_u", constants=constants)
+            return pipeline, params, fold(-(-seg.rows // r))
+        if tokens <= tuning.matvec_max_tokens and ctx.has_subgroups and tuning.matvec_u_default and -(-cols // 8) <= 256:
+            # The H200 sweep's winners for rows of up to 2048 columns (tools/sweep_matvec.py, see
+            # docs/benchmarks.md): 128 threads on 4 rows (2 when rows are few), and 32 threads
+            # for a very tall matrix (the LM head), where many small workgroups fill the GPU.
+            threads = 32 if seg.rows >= 65536 else 128
+            r = 4 if seg.rows >= 1024 else 2
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_u", constants={"WG": threads, "R": r, "U": 1})
+            return pipeline, params, fold(-(-seg.rows // r))
+        if tokens <= tuning.matvec_max_tokens and ctx.has_subgroups and -(-cols // 8) <= tuning.matvec_subgroup_max_chunks:
+            # Rows of up to a few thousand columns: one subgroup per 1, 2 or 4 rows (more rows per
+            # subgroup only where there are rows enough to keep every SM busy), no barriers.
+            r = 4 if seg.rows >= 8192 else 2 if seg.rows >= 2048 else 1
+            threads = tuning.matvec_subgroup_threads
+            constants = {"R": r, "WG": threads}
+            pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_sg", constants=constants)
+            return pipeline, params, fold(-(-(-(-seg.rows // r)) // (threads // 32)))
+        chunks = -(-cols // 8)
+        threads = max(64, min(tuning.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
+        constants = {"R": tuning.matvec_rows, "WG": threads}
+        pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec", constants=constants)
+        return pipeline, params, fold(-(-seg.rows // tuning.matvec_rows))
+
+    def matvec_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int] | None:
+        """(WG, LANES, R, UN) of matvec.tmpl.wgsl for a one-token product of a ``rows`` x ``cols``
+        segment in ``fmt``, or None where it does not apply (no subgroups, ``cols`` not a multiple
+        of 8, ``matvec_template`` off): ``matvec_template_configs`` first (per (format, rows, cols),
+        from tools/sweep_matvec.py), else the H200 sweep's winners on Qwen2.5-0.5B's matrices
+        (docs/benchmarks.md), the same for f16 and the quantized formats: a vocabulary-sized LM head
+        16 lanes on 4 rows (two row groups a subgroup, many rows a workgroup); rows longer than 2048
+        columns (down_proj) split over 256 lanes, 2 rows; thousands of rows (gate_up) 32 lanes on
+        4 rows; small matrices (q/k/v, o_proj) 64 lanes on 1 row, to spread over every SM."""
+        tuning = self.tuning
+        if not (tuning.matvec_template and self.context.has_subgroups and cols % 8 == 0 and kernels.has_template("matvec", fmt)):
+            return None
+        config = tuning.matvec_template_configs.get((fmt, rows, cols))
+        if config is not None:
+            return config
+        if rows >= 65536:
+            return 128, 16, 4, 1
+        if cols > 2048:
+            return 256, 256, 2, 1
+        if rows >= 4096:
+            return 128, 32, 4, 2
+        return 128, 64, 1, 2
+
+    def uses_matmul(self, seg: Segment, tokens: int) -> bool:
+        return tokens > self.tuning.matvec_max_tokens and kernels.has_template("matmul", seg.format)
+
+    def sgmat_tile(self, seg: Segment, tokens: int, cols: int) -> tuple[int, int, int, int, int] | None:
+        """(BM, BN, BK, SM, SN) of the tensor-core matmul for this prefill product, or None for the
+        SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on (off by
+        default) and a device with an f16 subgroup-matrix configuration, ``cols`` a multiple of BK.
+        Tiles: ``sgmat_tiles`` per (rows, cols) (None there: SIMT), else 64 x 128 where that makes
+        at least 2 waves of 132 workgroups, else 64 x 64."""
+        tuning = self.tuning
+        sg = self.context.f16_matrix_subgroup
+        if not (tuning.tensor_cores and sg and seg.format == "f16" and tokens > tuning.matvec_max_tokens):
+            return None
+        if (seg.rows, cols) in tuning.sgmat_tiles and tuning.sgmat_tiles[(seg.rows, cols)] is None:
+            return None  # measured: the SIMT kernel is faster for this shape
+        tile = tuning.sgmat_tiles.get((seg.rows, cols))
+        if tile is None:
+            tile = (64, 128, 32, 2, 4) if -(-seg.rows // 128) * -(-tokens // 64) >= 264 else (64, 64, 32, 2, 2)
+        if cols % tile[2] or kernels.sgmat_variant(*tile, sg) not in kernels.TEMPLATES["matmul_sgmat"]:
+            return None
+        return tile
+
+    def sgmat_splits(self, tile: tuple[int, int, int, int, int], rows: int, tokens: int, cols: int, y_stride: int) -> int:
+        """Workgroups splitting K (grid z, then matmul_reduce) for the tensor-core matmul:
+        ``sgmat_splits`` if set, else ``sgmat_split_counts[(rows, cols)]``, else enough to make about
+        ``sgmat_split_below`` workgroups when the tiles are fewer (at most ``sgmat_max_splits``, at
+        least 4 K steps each), within one storage binding of partials."""
+        tuning = self.tuning
+        bm, bn, bk = tile[:3]
+        tiles = -(-rows // bn) * -(-tokens // bm)
+        splits = tuning.sgmat_splits if tuning.sgmat_splits is not None else tuning.sgmat_split_counts.get((rows, cols))
+        if splits is None:
+            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // tiles)) if tiles < tuning.sgmat_split_below else 1
+        splits = min(int(splits), cols // bk // 4)
+        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
+
+    def matmul_splits(self, rows: int, tokens: int, cols: int, flags: int, y_stride: int) -> int:
+        """Workgroups splitting K (grid z) for the prefill matmul of this segment: 1 unless
+        ``matmul_splits`` says more and the product allows it (no fused norm, which needs whole
+        rows; partials within one storage binding; at least two steps of K per split)."""
+        tuning = self.tuning
+        tm, tn, bk, ksplit, _ = self.matmul_config(rows, tokens, cols)
+        splits = tuning.matmul_splits
+        measured = tuning.matmul_configs.get((rows, cols))
+        if splits is None and measured is not None:
+            splits = measured[5]
+        if splits is None:
+            tiles = -(-rows // (8 * tn)) * -(-tokens // (8 * tm))
+            splits = min(tuning.matmul_max_splits, tuning.matmul_split_tiles // tiles) if tiles < tuning.matmul_split_tiles else 1
+        splits = min(int(splits), cols // (2 * bk * ksplit))
+        if splits <= 1 or flags & LINEAR_NORM or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
+
+    def matmul_config(self, rows: int, tokens: int, cols: int) -> tuple[int, int, int, int, int]:
+        """(TM, TN, BK, KSPLIT, NBUF) of the prefill matmul (matmul.tmpl.wgsl) for a product of
+        ``tokens`` x ``cols`` by ``rows`` x ``cols``: ``matmul_configs`` for a measured shape,
+        else these rules.
+
+        128x128 output tiles, with K split over 2 thread groups, only when there are many (less
+        L2 traffic, little wave tail); else 64 tokens x 128 rows, where few tiles (o_proj,
+        down_proj of a small model) split K over 4 thread groups so each SM gets more warps.
+        ``matmul_nbuf`` tiles per group (2: double-buffered)."""
+        tuning = self.tuning
+        measured = tuning.matmul_configs.get((rows, cols))
+        if measured is not None:
+            tm, tn, bk, ksplit, nbuf = measured[:5]
+        elif -(-rows // 128) * -(-tokens // 128) >= tuning.matmul_min_big_tiles:
+            tm, tn, bk, ksplit, nbuf = 16, 16, 16, 2 if cols >= 64 else 1, tuning.matmul_nbuf
+        else:
+            few = -(-rows // 128) * -(-tokens // 64) < tuning.matmul_split_k_below
+            tm, tn, bk, ksplit, nbuf = 8, 16, 8, 4 if few and cols >= 256 else 1, tuning.matmul_nbuf
+        # Within the device's workgroup memory (128x128 tiles with KSPLIT 2 need 32.5 KiB; many
+        # devices allow 32): fewer K groups first, then one buffer; and KSPLIT BK NBUF >= 2
+        # max(TM, TN) (the groups' sums meet in the tiles).
+        limit = self.context.max_workgroup_storage
+        while ksplit > 1 and (matmul_workgroup_bytes(tm, tn, bk, ksplit, nbuf) > limit or ksplit * bk * nbuf < 2 * max(tm, tn)):
+            ksplit //= 2
+        if nbuf > 1 and matmul_workgroup_bytes(tm, tn, bk, ksplit, nbuf) > limit:
+            nbuf = 1
+        return tm, tn, bk, ksplit, nbuf

@@ -1,0 +1,211 @@
+"""What a decode step records and hands on: activation handles, the fusions that defer a kernel to
+the next op, the per-step uniform and the readback ring of ids chosen on the GPU.
+
+`GpuTensor` is an activation on a pooled buffer. The three pending kinds stand for a result not
+recorded yet, so the op that consumes it can do the work while loading its input (one dispatch
+fewer per layer); anything else that reads ``buffer`` records the deferred kernel at that point.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from kjarni.backend import DeviceTokens
+from kjarni.gpu import sampling as gpu_sampling
+from kjarni.gpu.context import Scratch, WgpuContext
+from kjarni.gpu.params import STEP
+
+if TYPE_CHECKING:
+    from kjarni.gpu.ops import WgpuOps
+
+TOKEN_RING_BYTES = 65536  # argmax_ahead's readback ring: 8192 (id, status) pairs, read before that many more are chosen
+
+
+def fold(workgroups: int) -> tuple[int, int, int]:
+    """A 1-D workgroup count as an (x, y) grid within the 65535-per-dimension limit."""
+    x = min(max(workgroups, 1), 32768)
+    return x, -(-workgroups // x), 1
+
+
+class GpuTensor:
+    """An activation ``[tokens, features]`` of float32 in a pooled GPU buffer."""
+
+    __slots__ = ("scratch", "buffer", "shape")
+
+    def __init__(self, scratch: Scratch, shape: tuple[int, int]) -> None:
+        self.scratch = scratch  # holds the buffer out of the pool while this handle lives
+        self.buffer = scratch.buffer
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape}"
+
+
+class SiluMulPending(GpuTensor):
+    """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
+    it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
+    values (``buffer``, ``scratch``) runs the silu_mul kernel first, at that point of the recording."""
+
+    __slots__ = ("source", "_ops", "_done")
+
+    def __init__(self, ops: WgpuOps, source: GpuTensor) -> None:
+        self.source = source
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (source.shape[0], source.shape[1] // 2)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._silu_mul_now(self.source)
+        return self._done
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (silu_mul pending)"
+
+
+class RopePending(GpuTensor):
+    """``rope_store(qkv, ...)`` of one token not recorded yet: the next `attention` on it runs
+    attention_step.wgsl, which rotates q and k, stores k and v and attends in one dispatch. Anything
+    else that reads q (``buffer``, ``scratch``) records rope_store at that point (storing the same
+    k and v again is harmless), and a handle dropped with nothing stored records it then, so the
+    cache always receives the token's keys and values."""
+
+    __slots__ = ("qkv", "rope", "kv_cache", "layer", "start", "stored", "_ops", "_done")
+
+    def __init__(self, ops: WgpuOps, qkv: GpuTensor, rope, kv_cache, layer: int, start: int, width: int) -> None:
+        self.qkv, self.rope, self.kv_cache, self.layer, self.start = qkv, rope, kv_cache, layer, start
+        self.stored = False  # attention_step has written k and v
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._rope_store_now(self.qkv, self.rope, self.kv_cache, self.layer, self.start)
+            self.stored = True
+        return self._done
+
+    def __del__(self) -> None:
+        if not self.stored:
+            self._materialize()
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (rope_store pending)"
+
+
+class AttentionPartials(GpuTensor):
+    """The output of a split attention_step not merged yet: ``partials`` holds, per head, ``splits``
+    runs of ``hd4`` vec4 outputs then (m, l). The next one-token `linear` merges them while loading
+    x (matvec.tmpl.wgsl, flag ``attn``), saving a dispatch; anything else that reads the values
+    (``buffer``, ``scratch``) runs attention_combine first, at that point of the recording."""
+
+    __slots__ = ("partials", "splits", "hd4", "_ops", "_done")
+
+    def __init__(self, ops: WgpuOps, partials: Scratch, width: int, splits: int, hd4: int) -> None:
+        self.partials, self.splits, self.hd4 = partials, splits, hd4
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
+
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._merge_attention(self)
+        return self._done
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (attention merge pending)"
+
+
+class GpuTokens(DeviceTokens):
+    """Ids chosen by `WgpuOps.argmax_ahead` or `sample_ahead`: ``buffer`` holds them for the next
+    embed, then a status per id; a copy of both waits at ``ring_offset`` of the readback ring for
+    `WgpuOps.read_tokens`."""
+
+    __slots__ = ("scratch", "buffer", "ring_offset")
+
+    def __init__(self, scratch: Scratch, count: int, ring_offset: int) -> None:
+        super().__init__(count)
+        self.scratch = scratch
+        self.buffer = scratch.buffer
+        self.ring_offset = ring_offset
+
+
+class StepStart:
+    """The per-step uniform holding ``start`` (packed once per step, shared by every layer)."""
+
+    def __init__(self, context: WgpuContext) -> None:
+        self.context = context
+        self.start = -1
+        self._bytes = b""
+
+    def buffer(self, start: int) -> Any:
+        if start != self.start:
+            self.start, self._bytes = start, STEP.pack(start=start)
+        return self.context.step_buffer("start", self._bytes)
+
+
+class TokenRing:
+    """The readback ring of ids chosen on the GPU: `push` copies a step's ids there and submits,
+    `read` fetches a burst of them in one readback."""
+
+    def __init__(self, context: WgpuContext) -> None:
+        self.context = context
+        self.buffer: Any = None  # allocated on first use; `WgpuOps.close` frees it
+        self._cursor = 0
+
+    def push(self, out: Scratch, tokens: int) -> GpuTokens:
+        """Copies ``out`` ([tokens] ids, then [tokens] statuses) into the ring and submits."""
+        ctx = self.context
+        if self.buffer is None:
+            self.buffer = ctx.storage(TOKEN_RING_BYTES, "token ring")
+        if self._cursor + 8 * tokens > TOKEN_RING_BYTES:
+            self._cursor = 0
+        ctx.copy(out.buffer, 0, self.buffer, self._cursor, 8 * tokens)
+        handle = GpuTokens(out, tokens, self._cursor)
+        self._cursor += 8 * tokens
+        ctx.flush()
+        return handle
+
+    def read(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
+        """The ids of ``handles`` in one readback (`gpu_sampling.decode_ring`)."""
+        if not handles:
+            return []
+        ring, counts = self.buffer, [len(h) for h in handles]
+        offsets = [h.ring_offset for h in handles]
+        read = self.context.read
+        if all(offsets[i + 1] == offsets[i] + 8 * counts[i] for i in range(len(handles) - 1)):
+            data = read(ring, offsets[0], 8 * sum(counts))
+        else:  # the ring wrapped between them
+            data = b"".join(read(ring, offset, 8 * count) for offset, count in zip(offsets, counts))
+        return gpu_sampling.decode_ring(np.frombuffer(data, dtype=np.uint32), counts)
+
+
+def new_tensor(context: WgpuContext, tokens: int, features: int) -> GpuTensor:
+    """A fresh ``[tokens, features]`` activation on a pooled buffer."""
+    return GpuTensor(context.scratch(tokens * features * 4), (tokens, features))

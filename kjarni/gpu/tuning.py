@@ -1,0 +1,154 @@
+"""GpuTuning: every kernel-choice knob of the GPU backend in one place.
+
+`WgpuOps` reads these when it plans a dispatch (kjarni/gpu/linear.py, attention.py, ops.py); a
+benchmark or a sweep passes its own ``WgpuOps(..., tuning=GpuTuning(...))`` or sets fields on
+``ops.tuning`` before the first product of the shapes it changes (plans are cached per shape once
+made). The defaults are the H200 measurements recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+# (segment rows, cols) -> (TM, TN, BK, KSPLIT, NBUF, S): the H200 sweeps' fastest on Qwen2.5-0.5B's
+# and 1.5B's products at 512 tokens, f16 (docs/benchmarks.md, fifth session; the 1.5B ones from the
+# first sweep, before f16's loads were kept raw again), used for every format and token count of
+# those shapes.
+H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {
+    (1152, 896): (8, 16, 8, 4, 1, 1),  # 0.5B qkv (fused norm)
+    (896, 896): (8, 16, 8, 4, 1, 2),  # 0.5B o_proj
+    (9728, 896): (8, 16, 8, 1, 1, 1),  # 0.5B gate_up (fused norm)
+    (896, 4864): (8, 16, 8, 4, 1, 2),  # 0.5B down_proj
+    (2048, 1536): (8, 8, 8, 2, 2, 1),  # 1.5B qkv
+    (1536, 1536): (8, 16, 8, 4, 1, 4),  # 1.5B o_proj
+    (17920, 1536): (8, 16, 8, 1, 2, 1),  # 1.5B gate_up
+    (1536, 8960): (8, 16, 8, 4, 1, 4),  # 1.5B down_proj
+}
+
+
+@dataclass
+class GpuTuning:
+    """Kernel choices of `WgpuOps` (see the module docstring); each field says what it steers."""
+
+    # ---------------------------------------------------------------- linear: which kernel family
+    matvec_max_tokens: int = 9
+    """Up to this many tokens (decode, a speculative verify of k <= 8) the matrix-vector kernels
+    run; more tokens take the tiled matmul (prefill)."""
+
+    # ---------------------------------------------------------------- linear: prefill matmul
+    matmul_min_big_tiles: int = 1024
+    """matmul.tmpl.wgsl: 128x128 output tiles (K split over 2 thread groups) from this many such
+    tiles, else 64 tokens x 128 rows (rules from tools/sweep_matmul.py on the H200)."""
+    matmul_split_k_below: int = 512
+    """Fewer 64x128 tiles than this: 4 thread groups split K inside each workgroup."""
+    matmul_splits: int | None = None
+    """Prefill products split over K across workgroups too (grid z, summed by matmul_reduce): None =
+    automatic (see ``matmul_split_tiles``), or a count; never with a fused norm."""
+    matmul_split_tiles: int = 128
+    """Automatic split: products of fewer tiles than this get about this many workgroups."""
+    matmul_max_splits: int = 6
+    """Automatic split: at most this many K splits per tile."""
+    matmul_nbuf: int = 1
+    """2: double-buffered matmul tiles (one barrier a K step) where workgroup memory allows."""
+    matmul_configs: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = field(
+        default_factory=lambda: dict(H200_MATMUL_CONFIGS))
+    """Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
+    overriding the rules above (S = 1 where a fused norm forbids the split)."""
+
+    # ---------------------------------------------------------------- linear: tensor cores
+    tensor_cores: bool = False
+    """matmul_sgmat.tmpl.wgsl (f16 x f16, f32 sums) for the prefill of f16 segments where the device
+    has an f16 subgroup-matrix configuration (Dawn). Off: the one H200 measurement found it no
+    faster than the SIMT kernels (docs/benchmarks.md)."""
+    sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(default_factory=dict)
+    """Per (segment rows, cols): a tile (BM, BN, BK, SM, SN) of kernels.SGMAT_TILES, or None for
+    the SIMT kernel; other shapes take `linear.sgmat_tile`'s rule."""
+    sgmat_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    """Per (rows, cols): K splits of the tensor-core matmul, over the rule below."""
+    sgmat_splits: int | None = None
+    """K split of the tensor-core matmul over workgroups: None = automatic, or a count."""
+    sgmat_split_below: int = 264
+    """Automatic: fewer tiles than this (2 waves of the H200's 132 SMs) split K."""
+    sgmat_max_splits: int = 4
+    """Automatic: at most this many tensor-core K splits."""
+
+    # ---------------------------------------------------------------- linear: decode matvec
+    matvec_template: bool = True
+    """One-token products run matvec.tmpl.wgsl (False: the older linear_body kernels, to compare)."""
+    matvec_template_configs: dict[tuple[str, int, int], tuple[int, int, int, int]] = field(default_factory=dict)
+    """Per (format, segment rows, cols): (WG, LANES, R, UN) of matvec.tmpl.wgsl from
+    tools/sweep_matvec.py, else `linear.matvec_config`'s defaults."""
+    matvec_rows: int = 4
+    """Rows per workgroup of linear_body's plain ``matvec``."""
+    matvec_max_threads: int = 256
+    """Threads per plain ``matvec`` workgroup: about one 8-column chunk each, 64 ..= this."""
+    matvec_subgroup_max_chunks: int = 256
+    """Rows of up to 8 x this columns: one subgroup per rows (``matvec_sg``)."""
+    matvec_subgroup_threads: int = 256
+    """Workgroup size of ``matvec_sg`` (8 subgroups of 32)."""
+    matvec_configs: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    """f16/f32 (segment rows, cols) -> (threads, rows, chunks per step) of ``matvec_u``, from
+    tools/sweep_matvec.py; other shapes keep ``matvec_sg`` / ``matvec``."""
+    matvec_u_default: bool = True
+    """Rows of <= 2048 columns: ``matvec_u`` as the H200 sweep chose (else ``matvec_sg``)."""
+
+    # ---------------------------------------------------------------- linear: a few tokens
+    matvec_t_min_tokens: int = 2
+    """From this many tokens to ``matvec_max_tokens``: linear_body's ``matvec_t`` (f16/f32), which
+    loads each weight chunk once for up to 4 x ``matvec_t_quads`` tokens. Above
+    ``matvec_max_tokens``: the per-token kernels (to compare)."""
+    quant_t_min_tokens: int = 2
+    """As ``matvec_t_min_tokens`` for the quantized ``main_t``."""
+    matvec_t_quads: int = 3
+    """Token quads (tiles of 4) per pass of ``matvec_t`` / ``main_t``: 1, 2 or 3."""
+    matvec_t_configs: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """f16/f32 (segment rows, cols) -> (threads, rows) of ``matvec_t``; other shapes: 128 threads
+    on 4 rows (2 under 1024 rows), 32 threads from 65536 rows, 256 on 4 past 2048 columns."""
+    quant_split_k_min_cols: int | None = None
+    """Quantized decode rows at least this long: a workgroup per row (``SPLIT_K``); None: never."""
+    quant_split_k_threads: int = 256
+    """Threads sharing a row with ``SPLIT_K``."""
+
+    # ---------------------------------------------------------------- fusions of the decode step
+    fuse_silu: bool = True
+    """silu_mul is applied inside the following linear (``LINEAR_SILU``)."""
+    fuse_rope: bool = True
+    """A one-token rope_store is recorded by the next attention (attention_step.wgsl)."""
+    attention_step_threads: int = 1024
+    """Threads of an unsplit attention_step (at most; head_dim / 4 times a power of two)."""
+    attention_step_splits: int = 8
+    """Flash-decoding inside attention_step: workgroups per head, each over a run of the keys,
+    merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups."""
+    attention_split_threads: int = 128
+    """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
+    matvec_attn_threads: int = 256
+    """The merging matvec (o_proj after a split attention_step): workgroup threads. Its workgroups
+    each merge the whole x: fewer, larger ones read the partials fewer times (H200, 0.5B o_proj,
+    256 / 32: 12.5 us against 7.4 unmerged)."""
+    matvec_attn_lanes: int = 32
+    """The merging matvec: lanes per row (one row a group, 2 units a trip)."""
+
+    # ---------------------------------------------------------------- attention
+    attention_single_max: int = 768
+    """Decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)."""
+    attention_prefill_lanes: int = 8
+    """Threads sharing a query row in attention_prefill (at most the smallest subgroup size)."""
+    attention_tiled: bool = True
+    """Prefill with head_dim 64: attention_tiled.wgsl (else attention_prefill)."""
+    attention_tiled_chunk: int = 128
+    """Keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)."""
+    attention_partial_max_bytes: int = 64 << 20
+    """attention_tiled's split partials: longer chunks beyond this many bytes."""
+
+    # ---------------------------------------------------------------- submits and readback
+    prefill_submit_every: int = 24
+    """Prefill: submit after a linear once this many dispatches wait."""
+    decode_ahead: int = 8
+    """Greedy decode: steps submitted per readback, each fed the previous step's id on the GPU."""
+    finite_check: bool = True
+    """argmax / top_k flag NaN and inf logits (False only to measure the check's cost)."""
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The names of every knob, in declaration order."""
+        return [f.name for f in fields(cls)]
