@@ -8,6 +8,10 @@ run the blocking loop in a worker thread that checks for cancellation between to
 
 ``Generator.cancel()`` may be called from any thread: every generation started before it ends
 before its next decode step, returning what it had with finish reason ``"cancelled"``.
+
+A little over 500 lines because it is one public class: each method of the contract (generate,
+stream, chat and their async twins, cancel, close) is short and documented where it is defined,
+and splitting the class across modules would hide which methods share the lock.
 """
 
 from __future__ import annotations

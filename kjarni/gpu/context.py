@@ -7,6 +7,10 @@ persistent MAP_READ staging buffer. Work is recorded lazily into one command enc
 compute pass; `read` ends them, submits once and reads back only the bytes asked for. Several
 models (each a `WgpuOps`) may share one context. It runs on wgpu-py or wgpudawn
 (`kjarni.gpu.runtime`); the adapter is chosen by `kjarni.gpu.adapters`.
+
+Over 500 lines because it is one class that owns the device's lifetime: buffer pool, pipeline
+and bind-group caches, recording and readback all touch the same encoder and submit state, so
+they stay together (the jobs above it are split out: runtime, adapters, the ops modules).
 """
 
 from __future__ import annotations
