@@ -112,6 +112,17 @@ def check_fits(tokens: int, start: int, kv_cache: KVCache) -> None:
         )
 
 
+def new_kv_cache(ops: Ops, config: ModelConfig, context_size: int, capacity: int | None) -> KVCache:
+    """A KV cache of ``config``'s shape for ``capacity`` positions (default and maximum:
+    ``context_size``); any other capacity is an InvalidConfigurationError naming it."""
+    capacity = context_size if capacity is None else capacity
+    if not 0 < capacity <= context_size:
+        raise InvalidConfigurationError(
+            f"KV cache capacity {capacity} must be between 1 and the model's context of {context_size}"
+        )
+    return ops.new_kv_cache(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, capacity)
+
+
 class DecoderModel:
     """One decoder language model on one backend.
 
@@ -171,13 +182,7 @@ class DecoderModel:
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """A KV cache for ``capacity`` positions (default and maximum: the model's context)."""
-        capacity = self.context_size if capacity is None else capacity
-        if not 0 < capacity <= self.context_size:
-            raise InvalidConfigurationError(
-                f"KV cache capacity {capacity} must be between 1 and the model's context of {self.context_size}"
-            )
-        c = self.config
-        return self.ops.new_kv_cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity)
+        return new_kv_cache(self.ops, self.config, self.context_size, capacity)
 
     def forward(self, token_ids: np.ndarray | list[int] | DeviceTokens, kv_cache: KVCache, *, logits: str = "last") -> Activation:
         """Run ``token_ids`` at positions ``kv_cache.offset ..`` and return logits.

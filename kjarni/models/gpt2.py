@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from kjarni.backend import Activation, DeviceTokens, KVCache, Ops, Weight
-from kjarni.errors import InvalidConfigurationError, InvalidModelError
-from kjarni.model import check_fits
+from kjarni.errors import InvalidModelError
+from kjarni.model import check_fits, new_kv_cache
 from kjarni.models.architecture import Architecture
 
 if TYPE_CHECKING:
@@ -87,13 +87,7 @@ class GPT2Model:
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """A KV cache for ``capacity`` positions (default and maximum: ``n_positions``)."""
-        capacity = self.context_size if capacity is None else capacity
-        if not 0 < capacity <= self.context_size:
-            raise InvalidConfigurationError(
-                f"KV cache capacity {capacity} must be between 1 and the model's context of {self.context_size}"
-            )
-        c = self.config
-        return self.ops.new_kv_cache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity)
+        return new_kv_cache(self.ops, self.config, self.context_size, capacity)
 
     def forward(self, token_ids: np.ndarray | list[int] | DeviceTokens, kv_cache: KVCache, *, logits: str = "last") -> Activation:
         """Run ``token_ids`` at positions ``kv_cache.offset ..`` and return logits (see `DecoderModel.forward`)."""
