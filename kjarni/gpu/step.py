@@ -43,25 +43,22 @@ class GpuTensor:
         return f"GpuTensor{self.shape}"
 
 
-class _Pending(GpuTensor):
-    """A result whose kernel is not recorded yet. The op that consumes it may do the work itself
-    (and read the inputs the subclass keeps); anything else that reads ``buffer`` or ``scratch``
-    records the deferred kernel (`_record`) at that point of the recording, once."""
+class SiluMulPending(GpuTensor):
+    """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
+    it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
+    values (``buffer``, ``scratch``) runs the silu_mul kernel first, at that point of the recording."""
 
-    __slots__ = ("_ops", "_done")
-    _kernel = ""  # what is pending, for repr
+    __slots__ = ("source", "_ops", "_done")
 
-    def __init__(self, ops: WgpuOps, shape: tuple[int, int]) -> None:
+    def __init__(self, ops: WgpuOps, source: GpuTensor) -> None:
+        self.source = source
         self._ops = ops
         self._done: GpuTensor | None = None
-        self.shape = shape
-
-    def _record(self) -> GpuTensor:
-        raise NotImplementedError
+        self.shape = (source.shape[0], source.shape[1] // 2)
 
     def _materialize(self) -> GpuTensor:
         if self._done is None:
-            self._done = self._record()
+            self._done = self._ops._silu_mul_now(self.source)
         return self._done
 
     @property  # type: ignore[override]
@@ -73,65 +70,76 @@ class _Pending(GpuTensor):
         return self._materialize().scratch
 
     def __repr__(self) -> str:
-        return f"GpuTensor{self.shape} ({self._kernel} pending)"
+        return f"GpuTensor{self.shape} (silu_mul pending)"
 
 
-class SiluMulPending(_Pending):
-    """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
-    it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
-    values (``buffer``, ``scratch``) runs the silu_mul kernel first, at that point of the recording."""
-
-    __slots__ = ("source",)
-    _kernel = "silu_mul"
-
-    def __init__(self, ops: WgpuOps, source: GpuTensor) -> None:
-        super().__init__(ops, (source.shape[0], source.shape[1] // 2))
-        self.source = source
-
-    def _record(self) -> GpuTensor:
-        return self._ops._silu_mul_now(self.source)
-
-
-class RopePending(_Pending):
+class RopePending(GpuTensor):
     """``rope_store(qkv, ...)`` of one token not recorded yet: the next `attention` on it runs
     attention_step.wgsl, which rotates q and k, stores k and v and attends in one dispatch. Anything
     else that reads q (``buffer``, ``scratch``) records rope_store at that point (storing the same
     k and v again is harmless), and a handle dropped with nothing stored records it then, so the
     cache always receives the token's keys and values."""
 
-    __slots__ = ("qkv", "rope", "kv_cache", "layer", "start", "stored")
-    _kernel = "rope_store"
+    __slots__ = ("qkv", "rope", "kv_cache", "layer", "start", "stored", "_ops", "_done")
 
     def __init__(self, ops: WgpuOps, qkv: GpuTensor, rope, kv_cache, layer: int, start: int, width: int) -> None:
-        super().__init__(ops, (1, width))
         self.qkv, self.rope, self.kv_cache, self.layer, self.start = qkv, rope, kv_cache, layer, start
         self.stored = False  # attention_step has written k and v
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
 
-    def _record(self) -> GpuTensor:
-        done = self._ops._rope_store_now(self.qkv, self.rope, self.kv_cache, self.layer, self.start)
-        self.stored = True
-        return done
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._rope_store_now(self.qkv, self.rope, self.kv_cache, self.layer, self.start)
+            self.stored = True
+        return self._done
 
     def __del__(self) -> None:
         if not self.stored:
             self._materialize()
 
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
 
-class AttentionPartials(_Pending):
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (rope_store pending)"
+
+
+class AttentionPartials(GpuTensor):
     """The output of a split attention_step not merged yet: ``partials`` holds, per head, ``splits``
     runs of ``hd4`` vec4 outputs then (m, l). The next one-token `linear` merges them while loading
     x (matvec.tmpl.wgsl, flag ``attn``), saving a dispatch; anything else that reads the values
     (``buffer``, ``scratch``) runs attention_combine first, at that point of the recording."""
 
-    __slots__ = ("partials", "splits", "hd4")
-    _kernel = "attention merge"
+    __slots__ = ("partials", "splits", "hd4", "_ops", "_done")
 
     def __init__(self, ops: WgpuOps, partials: Scratch, width: int, splits: int, hd4: int) -> None:
-        super().__init__(ops, (1, width))
         self.partials, self.splits, self.hd4 = partials, splits, hd4
+        self._ops = ops
+        self._done: GpuTensor | None = None
+        self.shape = (1, width)
 
-    def _record(self) -> GpuTensor:
-        return self._ops._merge_attention(self)
+    def _materialize(self) -> GpuTensor:
+        if self._done is None:
+            self._done = self._ops._merge_attention(self)
+        return self._done
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (attention merge pending)"
 
 
 class GpuTokens(DeviceTokens):
