@@ -1,5 +1,5 @@
-"""The tensor-core prefill matmul (shaders/matmul_sgmat.tmpl.wgsl) against NumpyOps with the same
-f16 rounding of the activations. Runs where the adapter has an f16 subgroup-matrix configuration
+"""The tensor-core prefill matmuls (shaders/matmul_tc.tmpl.wgsl with matmul_tc_prep.wgsl, and the
+first kernel, matmul_sgmat.tmpl.wgsl) against NumpyOps with the same f16 rounding of the activations. Runs where the adapter has an f16 subgroup-matrix configuration
 (Dawn, e.g. on NVIDIA's Vulkan driver: KJARNI_WEBGPU_RUNTIME=dawn); skips with the reason elsewhere
 (wgpu-native has no subgroup matrices; Dawn does not run on Mesa 22.3's lavapipe)."""
 
@@ -31,6 +31,74 @@ def _ran(ops, weight, tokens) -> str:
     return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
 
+def _ran_all(weight, tokens) -> list[str]:
+    """The kernels of the last plan made for ``tokens`` rows, in dispatch order."""
+    plan = [p for key, p in weight.plans.items() if key[0] == tokens][-1]
+    return [d[0].kjarni_name for d in plan[0]]
+
+
+TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1)]
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("tile", TC_TILES)
+@pytest.mark.parametrize("tokens,rows,cols", [(16, 32, 64), (70, 144, 128), (130, 208, 1152), (300, 16, 64)])
+def test_tc_matmul_matches_numpy_with_f16_activations(tc_ops, tile, splits, tokens, rows, cols):
+    from kjarni.gpu import kernels
+
+    ops = tc_ops
+    sg = ops.context.f16_matrix_subgroup
+    if kernels.tc_variant(*tile, sg) not in kernels.TEMPLATES["matmul_tc"] or kernels.tc_workgroup_bytes(*tile) > ops.context.max_workgroup_storage:
+        pytest.skip("tile not made at this subgroup size, or beyond this device's workgroup memory")
+    ops.tuning.tc_tiles = {(rows, cols): tile}
+    ops.tuning.tc_splits = splits  # 3: over grid z, then matmul_reduce (fewer where K has fewer steps)
+    rng = np.random.default_rng(tokens * rows + cols)
+    x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
+    w16 = f16_round(w)
+    gx, gw, gb, gr = upload(ops, x), ops.weight(w, name="w"), ops.weight(b, name="b"), upload(ops, r)
+    variant = "matmul_tc." + kernels.tc_variant(*tile, sg)
+    for bias, residual in ((gb, gr), (None, gr), (gb, None), (None, None)):
+        got = ops.read(ops.linear(gx, gw, bias, residual=residual))
+        ran = _ran_all(gw, tokens)
+        assert ran[:2] == ["matmul_tc_prep:main", variant + ":main"], ran
+        want = ref16.linear(x, w16, b if bias else None, r if residual else None)
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, atol=1e-5 * scale, rtol=0)  # f32 sums in another order
+    # ... and measurably not the f32-activation product (the rounding happened)
+    assert np.abs(ref32.linear(x, w16, b, r) - ref16.linear(x, w16, b, r)).max() > 1e-5 * np.abs(ref16.linear(x, w16, b, r)).max()
+    got = ops.read(ops.norm_linear(gx, ops.weight(nw, name="n"), 1e-5, gw, gb))
+    want = ref16.norm_linear(x, nw, 1e-5, w16, b)
+    # The norm's f32 scale differs in its last bits, which can flip an f16 rounding: one f16 ulp
+    # of one activation (2^-11 relative) times a weight.
+    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_tc_matmul_applies_a_pending_silu_mul_in_its_prep(tc_ops):
+    ops = tc_ops
+    rng = np.random.default_rng(7)
+    tokens, cols, rows = 70, 96, 48
+    gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
+    gw = ops.weight(w, name="w")
+    ops.tuning.tc_splits = 1
+    before = ops.stats.dispatches
+    got = ops.read(ops.linear(ops.silu_mul(upload(ops, gate_up)), gw, residual=upload(ops, r)))
+    assert ops.stats.dispatches - before == 4, "two uploads, the prep and one matmul: no silu_mul dispatch"
+    assert _ran_all(gw, tokens)[0] == "matmul_tc_prep:main"
+    want = ref16.linear(ref32.silu_mul(gate_up), f16_round(w), None, r)
+    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_tc_matmul_only_where_every_matrix_fits_whole(tc_ops):
+    ops = tc_ops
+    rng = np.random.default_rng(3)
+    w, odd = ops.weight(rand(rng, 48, 64), name="w"), ops.weight(rand(rng, 40, 64), name="odd")
+    for tokens, first in ((12, "matmul_f16:main"), (16, "matmul_tc_prep:main")):  # fewer than 16 tokens: SIMT
+        ops.linear(upload(ops, rand(rng, tokens, 64)), w)
+        assert _ran_all(w, tokens)[0] == first
+    ops.linear(upload(ops, rand(rng, 20, 64)), odd)  # 40 rows: not a multiple of 16
+    assert _ran_all(odd, 20) == ["matmul_f16:main"]
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("tile", [(64, 64, 32, 2, 2), (64, 128, 32, 2, 4), (128, 128, 32, 2, 4), (32, 64, 32, 1, 2)])
 @pytest.mark.parametrize("tokens,rows,cols", [(10, 29, 64), (70, 131, 96), (130, 200, 1120), (300, 9, 32)])
@@ -40,7 +108,7 @@ def test_tensor_core_matmul_matches_numpy_with_f16_activations(tc_ops, tile, spl
     ops = tc_ops
     if kernels.sgmat_variant(*tile, ops.context.f16_matrix_subgroup) not in kernels.TEMPLATES["matmul_sgmat"]:
         pytest.skip("tile not made at this subgroup size")
-    ops.tuning.sgmat_tiles = {(rows, cols): tile}
+    ops.tuning.sgmat_tiles = {(rows, cols): tile}  # the first kernel runs only where named
     ops.tuning.sgmat_splits = splits  # 3: over grid z, then matmul_reduce (fewer where K has fewer steps)
     rng = np.random.default_rng(tokens * rows + cols)
     x, w, b, r, nw = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows), rand(rng, cols)
@@ -66,6 +134,8 @@ def test_tensor_cores_apply_a_pending_silu_mul(tc_ops):
     tokens, cols, rows = 70, 96, 45
     gate_up, w, r = rand(rng, tokens, 2 * cols), rand(rng, rows, cols), rand(rng, tokens, rows)
     gw = ops.weight(w, name="w")
+    ops.tuning.sgmat_tiles = {(rows, cols): (64, 64, 32, 2, 2)}
+    ops.tuning.sgmat_splits = 1
     before = ops.stats.dispatches
     got = ops.read(ops.linear(ops.silu_mul(upload(ops, gate_up)), gw, residual=upload(ops, r)))
     assert ops.stats.dispatches - before == 3, "two uploads and one matmul: no silu_mul dispatch"
@@ -79,6 +149,7 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     ops = tc_ops
     rng = np.random.default_rng(2)
     w, odd = ops.weight(rand(rng, 40, 64), name="w"), ops.weight(rand(rng, 40, 72), name="odd")
+    ops.tuning.sgmat_tiles = {(40, 64): (64, 64, 32, 2, 2), (40, 72): (64, 64, 32, 2, 2)}
     for tokens, name in ((1, "matvec.f16:main"), (ops.tuning.matvec_max_tokens, "linear_f16:matvec_t")):
         ops.linear(upload(ops, rand(rng, tokens, 64)), w)
         assert _ran(ops, w, tokens) == name

@@ -470,8 +470,11 @@ def main() -> None:
     sgmat_choice = None
     if args.sgmat_choice and Path(args.sgmat_choice).is_file():
         sgmat_choice = json.loads(Path(args.sgmat_choice).read_text())
-        TUNING.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c["tile"] else None for c in sgmat_choice}
-        TUNING.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c["splits"]}
+        # Per shape: matmul_tc's tile ("tc"), the first kernel's ("sgmat"), or the SIMT kernel (None).
+        TUNING.tc_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c.get("family") == "tc" else None for c in sgmat_choice}
+        TUNING.tc_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c.get("family") == "tc" and c["splits"]}
+        TUNING.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) for c in sgmat_choice if c.get("family") == "sgmat"}
+        TUNING.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c.get("family") == "sgmat" and c["splits"]}
         TUNING.tensor_cores = any(c["tile"] for c in sgmat_choice)
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8

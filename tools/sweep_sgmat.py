@@ -1,10 +1,12 @@
-"""Sweep the tensor-core prefill matmul (shaders/matmul_sgmat.tmpl.wgsl) on a Dawn adapter with f16
-subgroup matrices: per Qwen2.5 prefill product and tile, GPU time (timestamp queries, median of
-``--reps`` dispatches), TFLOP/s and the error against numpy with the same f16 rounding of the
-activations (NumpyOps(activations="f16")'s math); the SIMT kernel (matmul_f16) beside it. Prints JSON.
+"""Sweep the tensor-core prefill matmuls on a Dawn adapter with f16 subgroup matrices: per Qwen2.5
+prefill product and tile, GPU time (timestamp queries, mean of ``--reps`` products, the f16
+activation prep included), TFLOP/s and the error against numpy with the same f16 rounding of the
+activations (NumpyOps(activations="f16")'s math); the SIMT kernel (matmul_f16) beside it. Tiles of
+matmul_tc.tmpl.wgsl (``--tc-tiles``, kernels.TC_TILES) and of the first kernel, matmul_sgmat.tmpl.wgsl
+(``--tiles``). Prints JSON.
 
     python tools/sweep_sgmat.py                       # Qwen2.5-0.5B shapes, 512 tokens, every tile
-    python tools/sweep_sgmat.py --model qwen2.5-1.5b --tiles 64x128x32_2x4,64x64x32_2x2
+    python tools/sweep_sgmat.py --model qwen2.5-1.5b --tiles none --tc-tiles 4x2_2x2_k2_d,2x2_2x2_k2_s
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS))
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--tiles", default="", help="comma-separated BMxBNxBK_SMxSN (default: all)")
+    parser.add_argument("--tiles", default="", help="matmul_sgmat: comma-separated BMxBNxBK_SMxSN (default: all; none: no tile)")
+    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s} (default: all; none: no tile)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
@@ -74,6 +77,11 @@ def main() -> None:
     if args.tiles:
         wanted = set(args.tiles.split(","))
         tiles = [t for t in tiles if kernels.sgmat_variant(*t, sg).rsplit("_sg", 1)[0] in wanted]
+    tc_tiles = [t for t in kernels.TC_TILES if sg and kernels.tc_variant(*t, sg) in kernels.TEMPLATES["matmul_tc"]
+                and kernels.tc_workgroup_bytes(*t) <= ctx.max_workgroup_storage]
+    if args.tc_tiles:
+        wanted = set(args.tc_tiles.split(","))
+        tc_tiles = [t for t in tc_tiles if kernels.tc_variant(*t, sg).rsplit("_sg", 1)[0] in wanted]
     rng = np.random.default_rng(0)
     tokens = args.tokens
 
@@ -94,14 +102,19 @@ def main() -> None:
         ref = reference(xin, w16, kind, nw, b, r)
         scale = float(np.abs(ref).max())
         splits_list = [None if v == "auto" else int(v) for v in args.splits.split(",")]
-        variants = [("simt", None, None)] + [(kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), t, sp)
-                                             for t in tiles for sp in splits_list]
-        for label, tile, sp in variants:
+        variants = [("simt", None, None, None)]
+        variants += [("sgmat." + kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "sgmat", t, sp)
+                     for t in tiles for sp in splits_list]
+        variants += [("tc." + kernels.tc_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "tc", t, sp)
+                     for t in tc_tiles for sp in splits_list]
+        for label, family, tile, sp in variants:
             ops = WgpuOps(ctx, weight_format="f16")
             ops.tuning.tensor_cores = tile is not None
-            ops.tuning.sgmat_splits = sp
-            if tile is not None:
+            ops.tuning.sgmat_splits = ops.tuning.tc_splits = sp
+            if family == "sgmat":
                 ops.tuning.sgmat_tiles = {(rows, cols): tile}
+            elif family == "tc":
+                ops.tuning.tc_tiles = {(rows, cols): tile}
             try:
                 weight = ops.weight(w16.astype(np.float32), name=f"{name}.weight")
                 nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
@@ -126,6 +139,9 @@ def main() -> None:
                 parts = sorted({n for n, _ in ctx.stats.kernel_times})
                 ctx.profile(False)
                 us = 1e6 * float(np.sum(times)) / args.reps
+                ran = sorted({n.split(":")[0] for n in parts})
+                if family and not any(n.startswith("matmul_" + family + ".") for n in ran):
+                    raise RuntimeError(f"{label} did not run (ran {ran})")
                 entry = {"shape": name, "rows": rows, "cols": cols, "kernel": label, "us": round(us, 1),
                          "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
                          "ok": err < 2e-3, "dispatches": parts}
@@ -134,8 +150,8 @@ def main() -> None:
                 entry = {"shape": name, "kernel": label, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             report["results"].append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
-            if entry.get("ok") and label != "simt" and entry["us"] < best.get(name, {}).get("us", 1e30):
-                best[name] = entry
+            if entry.get("ok") and family and entry["us"] < best.get(name, {}).get("us", 1e30):
+                best[name] = dict(entry, family=family, tile=list(tile), splits=sp)
     report["best"] = {k: [v["kernel"], v["us"], v["tflops"]] for k, v in best.items()}
     # Per shape, what WgpuOps should run (bench_gpu.py --sgmat-choice): the fastest correct tile and
     # split, or the SIMT kernel where it was faster.
@@ -146,12 +162,9 @@ def main() -> None:
         simt = next((e for e in report["results"] if e["shape"] == name and e["kernel"] == "simt" and "us" in e), None)
         tc = best.get(name)
         if tc is None or (simt is not None and simt["us"] <= tc["us"]):
-            choice.append({"rows": rows, "cols": cols, "tile": None, "splits": None})
+            choice.append({"rows": rows, "cols": cols, "family": None, "tile": None, "splits": None})
         else:
-            label = tc["kernel"]
-            tile = next(t for t in tiles if label.startswith(kernels.sgmat_variant(*t, sg)))
-            splits = int(label.rsplit("_s", 1)[1]) if "_s" in label.rsplit("_sg", 1)[1] else None
-            choice.append({"rows": rows, "cols": cols, "tile": list(tile), "splits": splits})
+            choice.append({"rows": rows, "cols": cols, "family": tc["family"], "tile": tc["tile"], "splits": tc["splits"]})
     report["choice"] = choice
     if args.out:
         Path(args.out).write_text(json.dumps(choice))

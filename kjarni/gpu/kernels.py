@@ -146,6 +146,87 @@ def sgmat_fields(bm: int, bn: int, bk: int, sm: int, sn: int, sg: int) -> dict[s
             "WSTORE": wstore, "ACC": acc, "MMA": "\n".join(mma), "OUT": out}
 
 
+TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (4, 2, 1, 1, 2, 0), (2, 2, 1, 1, 2, 0), (4, 4, 1, 1, 1, 0), (2, 2, 2, 2, 2, 0), (4, 2, 2, 2, 2, 0),
+    (2, 4, 2, 2, 2, 0), (4, 2, 2, 1, 2, 0), (2, 4, 1, 2, 2, 0),
+    (2, 2, 2, 2, 2, 1), (2, 4, 2, 2, 2, 1), (4, 2, 2, 2, 2, 1), (4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 4, 1),
+    (4, 2, 2, 4, 2, 1),
+)
+"""The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
+subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: operands through workgroup
+memory), each at subgroup sizes 32 and 64 where the copies divide evenly."""
+
+
+def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int) -> str:
+    """The ``matmul_tc`` variant name of a tile at subgroup size ``sg``, e.g. ``4x2_1x1_k2_d_sg32``."""
+    return f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'s' if shared else 'd'}_sg{sg}"
+
+
+def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int) -> dict[str, str]:
+    """The fields of ``matmul_tc.tmpl.wgsl`` for one tile: its sizes and the code per result matrix
+    (and, with SHARED, per operand copy) written out."""
+    nsg = sm * sn
+    ij = [(i, j) for i in range(tm) for j in range(tn)]
+    decl = [f"    let t{i} = tok(wid.y, sm, {i}u);" for i in range(tm)]
+    decl += [f"    let r{j} = row(wid.x, sn, {j}u);" for j in range(tn)]
+    decl += [f"    var acc{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in ij]
+    init = ["    if (has_bias) {"] + [f"        acc{i}_{j} = bias_tile(sg, lane, t{i}, r{j});" for i, j in ij]
+    init += ["    } else if (has_residual) {"]
+    init += [f"        acc{i}_{j} = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>, row_major>(&residual, "
+             f"t{i} * ys + params.row_offset + r{j}, ys);" for i, j in ij]
+    init += ["    }"]
+    left, right = "subgroup_matrix_left<f16, 16, 16>", "subgroup_matrix_right<f16, 16, 16>"
+    step, pre, shmem = [], [], ""
+
+    def products(a_src: str, b_src: str) -> list[str]:
+        out = []
+        for kk in range(ku):
+            out.append("        {")
+            out += [f"            let a{i} = subgroupMatrixLoad<{left}, row_major>({a_src.format(i=i, k=16 * kk)});" for i in range(tm)]
+            out += [f"            let b{j} = subgroupMatrixLoad<{right}, col_major>({b_src.format(j=j, k=16 * kk)});" for j in range(tn)]
+            out += [f"            acc{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, b{j}, acc{i}_{j});" for i, j in ij]
+            out.append("        }")
+        return out
+
+    if not shared:
+        decl += [f"    let xo{i} = t{i} * cols;" for i in range(tm)] + [f"    let wo{j} = r{j} * cols;" for j in range(tn)]
+        step = products("&x, xo{i} + k0 + {k}u, cols", "&w_a, wo{j} + k0 + {k}u, cols")
+    else:
+        shmem = "var<workgroup> xs: array<f16, BM * LDS>;\nvar<workgroup> ws: array<f16, BN * LDS>;"
+        na, nb = sm * tm * ku // nsg, sn * tn * ku // nsg  # operand matrices each subgroup copies a step
+        for n in range(na):
+            q = f"({n * nsg}u + sg)"
+            decl += [f"    let qa{n}_src = tok(wid.y, 0u, {q} / KU) * cols + {q} % KU * 16u;",
+                     f"    let qa{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
+                     f"    var pa{n}: {left};"]
+        for n in range(nb):
+            q = f"({n * nsg}u + sg)"
+            decl += [f"    let qb{n}_src = row(wid.x, 0u, {q} / KU) * cols + {q} % KU * 16u;",
+                     f"    let qb{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
+                     f"    var pb{n}: {right};"]
+
+        def fetch(k: str, indent: str) -> list[str]:
+            return ([f"{indent}pa{n} = subgroupMatrixLoad<{left}, row_major>(&x, qa{n}_src + {k}, cols);" for n in range(na)]
+                    + [f"{indent}pb{n} = subgroupMatrixLoad<{right}, col_major>(&w_a, qb{n}_src + {k}, cols);" for n in range(nb)])
+
+        pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ") + ["    }"]
+        step = [f"        subgroupMatrixStore<row_major>(&xs, qa{n}_dst, pa{n}, LDS);" for n in range(na)]
+        step += [f"        subgroupMatrixStore<col_major>(&ws, qb{n}_dst, pb{n}, LDS);" for n in range(nb)]
+        step += ["        workgroupBarrier();", "        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
+        step += products("&xs, (sm * TM + {i}u) * 16u * LDS + {k}u, LDS", "&ws, (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
+        step += ["        workgroupBarrier();"]
+    store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
+    return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
+            "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
+            "STEP": "\n".join(step), "STORE": "\n".join(store)}
+
+
+def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int) -> int:
+    """Workgroup memory of a ``matmul_tc`` tile: the bias staging, and the operand tiles with SHARED."""
+    lds = 16 * ku + 8
+    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) if shared else 0)
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
@@ -157,6 +238,11 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
         sgmat_variant(bm, bn, bk, sm, sn, sg): sgmat_fields(bm, bn, bk, sm, sn, sg)
         for bm, bn, bk, sm, sn in SGMAT_TILES for sg in (32, 64)
         if bn * bk % (8 * sm * sn * sg) == 0 and bm * bk % (4 * sm * sn * sg) == 0  # whole loads per thread
+    },
+    "matmul_tc": {
+        tc_variant(*tile, sg): tc_fields(*tile, sg)
+        for tile in TC_TILES for sg in (32, 64)
+        if not tile[5] or (tile[0] * tile[2] * tile[4] % (tile[2] * tile[3]) == 0 and tile[1] * tile[3] * tile[4] % (tile[2] * tile[3]) == 0)
     },
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""

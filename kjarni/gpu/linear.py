@@ -72,16 +72,23 @@ class Linear:
         # free again once recorded (later users of the pool write it after the reduce has read it).
         partials = ctx.scratch(common[4]) if common[4] else None
         p_buffer = partials.buffer if partials is not None else None
-        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer))
+        # Tensor cores (matmul_tc): x as f16 activations (norm, silu_mul applied), in a scratch
+        # free again once recorded, as the partials are.
+        prepared = ctx.scratch(common[5]) if common[5] else None
+        a_buffer = prepared.buffer if prepared is not None else None
+        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer, a_buffer))
         if bound is None:
-            bias_buffer, norm_buffer, _, _, _ = common
+            bias_buffer, norm_buffer = common[:2]
             dummy, r = ctx.dummy, r_buffer or ctx.dummy
             buffers = {  # per role: bindings 1 .. 7 (x, w_a, w_b, bias, residual, norm_weight, y)
                 "out": lambda w_a, w_b: (x_buffer, w_a, w_b, bias_buffer, r, norm_buffer, out.buffer),
                 "partial": lambda w_a, w_b: (x_buffer, w_a, w_b, dummy, dummy, norm_buffer, p_buffer),
                 "reduce": lambda w_a, w_b: (p_buffer, dummy, dummy, bias_buffer, r, dummy, out.buffer),
+                "prep": lambda w_a, w_b: (x_buffer, dummy, dummy, dummy, dummy, norm_buffer, a_buffer),
+                "tc": lambda w_a, w_b: (a_buffer, w_a, w_b, bias_buffer, r, dummy, out.buffer),
+                "tc_partial": lambda w_a, w_b: (a_buffer, w_a, w_b, dummy, dummy, dummy, p_buffer),
             }
-            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer)] = [
+            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer, a_buffer)] = [
                 ctx.bind_group(pipeline, (params, *buffers[role](w_a, w_b))) for pipeline, params, _, w_a, w_b, role in dispatches
             ]
         for (pipeline, _, grid, _, _, _), group in zip(dispatches, bound):
@@ -107,8 +114,10 @@ class Linear:
     def plan(self, x_shape: tuple[int, int], weight: GpuWeight, bias, residual, norm_weight, eps, silu: bool,
              attn: tuple[int, int] | None = None) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
-        buffers, bias, norm, bytes of split-K partials)); role "out" writes y, "partial" the partials
-        of a prefill matmul split over K, "reduce" adds them into y (matmul_reduce.wgsl)."""
+        buffers, bias, norm, bytes of split-K partials, bytes of f16 activations)); role "out" writes
+        y, "partial" the partials of a prefill matmul split over K, "reduce" adds them into y
+        (matmul_reduce.wgsl); "prep" writes the tensor cores' f16 activations, which "tc" (y) and
+        "tc_partial" (partials) multiply (matmul_tc.tmpl.wgsl)."""
         ctx = self.context
         tokens, cols = x_shape
         rows = weight.shape[0]
@@ -121,7 +130,28 @@ class Linear:
             | (LINEAR_SILU if silu else 0)
         )
         dispatches = []
+        prep_bytes = 0
         for seg in weight.segments:
+            tc = self.tc_tile(seg, tokens, cols, rows)
+            if tc is not None:
+                # Tensor cores: the f16 activations once (matmul_tc_prep.wgsl), then per segment
+                # matmul_tc without the norm and silu_mul the prep applied.
+                if not prep_bytes:
+                    prep_bytes = tokens * cols * 2
+                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags & (LINEAR_NORM | LINEAR_SILU),
+                                                     row_offset=0, y_stride=rows, eps=eps))
+                    prep = ctx.pipeline("matmul_tc_prep", LINEAR_KINDS)
+                    dispatches.append((prep, params, (tokens, 1, 1), ctx.dummy, ctx.dummy, "prep"))
+                splits = self.tc_splits(tc, seg.rows, tokens, cols, rows)
+                mm_flags = flags & (LINEAR_BIAS | LINEAR_RESIDUAL) if splits == 1 else 0
+                pipeline, params, grid = self.tc_kernel(tc, seg, cols, rows, tokens, mm_flags)
+                dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "tc" if splits == 1 else "tc_partial"))
+                if splits > 1:
+                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
+                                                     row_offset=seg.row_offset, y_stride=rows, eps=eps))
+                    reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
+                    dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+                continue
             tile = self.sgmat_tile(seg, tokens, cols)
             if tile is not None:
                 splits = self.sgmat_splits(tile, seg.rows, tokens, cols, rows)
@@ -139,13 +169,14 @@ class Linear:
                                              row_offset=seg.row_offset, y_stride=rows, eps=eps))
             reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
             dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
-        most = max((d[2][2] for d in dispatches if d[5] == "partial"), default=1)
+        most = max((d[2][2] for d in dispatches if d[5] in ("partial", "tc_partial")), default=1)
         common = (
             bias.buffer if bias is not None else ctx.dummy,
             norm_weight.buffer if norm_weight is not None else ctx.dummy,
             bias,  # held so that their ids in the plan key stay theirs
             norm_weight,
             most * tokens * rows * 4 if most > 1 else 0,  # the partials' scratch
+            prep_bytes,  # the tensor cores' f16 activations
         )
         return dispatches, {}, rows, common
 
@@ -292,14 +323,61 @@ class Linear:
         sg = self.context.f16_matrix_subgroup
         if not (tuning.tensor_cores and sg and seg.format == "f16" and tokens > tuning.matvec_max_tokens):
             return None
-        if (seg.rows, cols) in tuning.sgmat_tiles and tuning.sgmat_tiles[(seg.rows, cols)] is None:
-            return None  # measured: the SIMT kernel is faster for this shape
         tile = tuning.sgmat_tiles.get((seg.rows, cols))
         if tile is None:
-            tile = (64, 128, 32, 2, 4) if -(-seg.rows // 128) * -(-tokens // 64) >= 264 else (64, 64, 32, 2, 2)
+            return None  # matmul_tc's (tc_tile) or the SIMT kernel
         if cols % tile[2] or kernels.sgmat_variant(*tile, sg) not in kernels.TEMPLATES["matmul_sgmat"]:
             return None
         return tile
+
+    def tc_tile(self, seg: Segment, tokens: int, cols: int, y_stride: int) -> tuple[int, int, int, int, int, int] | None:
+        """(TM, TN, SM, SN, KU, SHARED) of the tensor-core matmul (matmul_tc.tmpl.wgsl) for this
+        prefill product, or None for the other kernels: ``tensor_cores`` on, a device with an f16
+        subgroup-matrix configuration, f16 weights, more than ``matvec_max_tokens`` and at least
+        16 tokens, segment rows, row offset and y stride multiples of 16, ``cols`` of 16 KU, and
+        no tile of the older kernel named for the shape (``sgmat_tiles``). The tile:
+        ``tc_tiles[(rows, cols)]`` (None there: not on tensor cores), else ``tc_tile``."""
+        tuning = self.tuning
+        sg = self.context.f16_matrix_subgroup
+        if not (tuning.tensor_cores and sg and seg.format == "f16" and tokens > tuning.matvec_max_tokens and tokens >= 16):
+            return None
+        if seg.rows % 16 or seg.row_offset % 16 or y_stride % 16 or (seg.rows, cols) in tuning.sgmat_tiles:
+            return None
+        tile = tuning.tc_tiles.get((seg.rows, cols), tuning.tc_tile)
+        if tile is None or cols % (16 * tile[4]) or kernels.tc_variant(*tile, sg) not in kernels.TEMPLATES["matmul_tc"]:
+            return None
+        if kernels.tc_workgroup_bytes(*tile) > self.context.max_workgroup_storage:
+            return None
+        return tuple(tile)
+
+    def tc_kernel(self, tile: tuple[int, ...], seg: Segment, cols: int, rows: int, tokens: int, flags: int) -> tuple[Any, Any, tuple[int, int, int]]:
+        """(pipeline, params, grid) of matmul_tc for one segment (grid z = 1: the caller's split)."""
+        ctx = self.context
+        tm, tn, sm, sn = tile[:4]
+        variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup)
+
+        def source() -> str:
+            return kernels.template("matmul_tc", variant)
+
+        pipeline = ctx.pipeline("matmul_tc." + variant, LINEAR_KINDS, source=source)
+        params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=0.0))
+        return pipeline, params, (-(-seg.rows // (16 * sn * tn)), -(-tokens // (16 * sm * tm)), 1)
+
+    def tc_splits(self, tile: tuple[int, ...], rows: int, tokens: int, cols: int, y_stride: int) -> int:
+        """Workgroups splitting K for matmul_tc (grid z, then matmul_reduce): ``tc_splits`` if set,
+        else ``tc_split_counts[(rows, cols)]``, else enough for about ``sgmat_split_below``
+        workgroups when they are fewer (at most ``sgmat_max_splits``, at least 4 K steps each),
+        within one storage binding of partials."""
+        tuning = self.tuning
+        tm, tn, sm, sn, ku = tile[:5]
+        groups = -(-rows // (16 * sn * tn)) * -(-tokens // (16 * sm * tm))
+        splits = tuning.tc_splits if tuning.tc_splits is not None else tuning.tc_split_counts.get((rows, cols))
+        if splits is None:
+            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
+        splits = min(int(splits), cols // (16 * ku) // 4)
+        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
 
     def sgmat_splits(self, tile: tuple[int, int, int, int, int], rows: int, tokens: int, cols: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z, then matmul_reduce) for the tensor-core matmul:

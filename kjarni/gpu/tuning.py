@@ -60,9 +60,18 @@ class GpuTuning:
     """matmul_sgmat.tmpl.wgsl (f16 x f16, f32 sums) for the prefill of f16 segments where the device
     has an f16 subgroup-matrix configuration (Dawn). Off: the one H200 measurement found it no
     faster than the SIMT kernels (docs/benchmarks.md)."""
+    tc_tile: tuple[int, int, int, int, int, int] | None = (4, 2, 2, 2, 2, 0)
+    """matmul_tc.tmpl.wgsl's tile (TM, TN, SM, SN, KU, SHARED) of kernels.TC_TILES for shapes not in
+    ``tc_tiles``."""
+    tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
+    """Per (segment rows, cols): a matmul_tc tile, or None for the SIMT kernel (tools/sweep_sgmat.py)."""
+    tc_splits: int | None = None
+    """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
+    tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    """Per (rows, cols): K splits of matmul_tc, over the rule."""
     sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(default_factory=dict)
-    """Per (segment rows, cols): a tile (BM, BN, BK, SM, SN) of kernels.SGMAT_TILES, or None for
-    the SIMT kernel; other shapes take `linear.sgmat_tile`'s rule."""
+    """The first tensor-core kernel (matmul_sgmat.tmpl.wgsl), only for the shapes named here:
+    per (segment rows, cols) a tile (BM, BN, BK, SM, SN) of kernels.SGMAT_TILES."""
     sgmat_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
     """Per (rows, cols): K splits of the tensor-core matmul, over the rule below."""
     sgmat_splits: int | None = None

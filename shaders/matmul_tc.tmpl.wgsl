@@ -1,0 +1,107 @@
+// matmul_tc: prefill y = a @ W.T (+ bias) (+ residual) on tensor cores (Dawn's
+// chromium_experimental_subgroup_matrix, f16 x f16 -> f32 16x16x16), a the f16 activations that
+// matmul_tc_prep.wgsl wrote (norm, silu_mul and the f16 rounding done there), W in f16.
+// Bindings and Params: the linear family (docs/gpu-kernels.md); x is a ([tokens, cols] f16), w_a
+// the f16 weight ([rows, cols]) read as f16, w_b and norm_weight unused.
+// Needs (the host checks): tokens >= 16, rows, row_offset and y_stride multiples of 16, cols of BK.
+// Every 16 x 16 matrix then lies inside the product: the last ones along tokens start at
+// tokens - 16 (overlapping their neighbours, which write the same values), so no load or store
+// leaves its buffer and none needs a bounds check, and each is aligned to 16 elements.
+// Tile: a workgroup of SM x SN subgroups; subgroup (sm, sn) owns TM x TN result matrices (tokens
+// from (wid.y SM + sm) TM 16, rows from (wid.x SN + sn) TN 16). K runs BK = 16 KU columns a step.
+// SHARED 0: each subgroup loads its TM left and TN right matrices straight from storage (L1/L2
+// serve the neighbours' reuse). SHARED 1: the workgroup's BM x BK and BN x BK operand tiles are
+// copied to workgroup memory by matrix loads and stores spread over the subgroups (prefetched one
+// step ahead into registers), and every subgroup reads its operands from there.
+// Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
+// residual written to workgroup memory; they are stored straight to y.
+// Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores
+// its partial sums without bias or residual (the host clears those flags) to rows z tokens + t of
+// a [S, tokens, y_stride] scratch, summed by matmul_reduce.wgsl.
+// Grid: (ceil(rows / BN), ceil(tokens / BM), S); SM SN SG threads. Fields: TM, TN, SM, SN, KU,
+// SG, SHARED and the per-matrix code written out by kernels.tc_fields (DECL, INIT, PRE, STEP,
+// STORE): no private arrays indexed in loops.
+
+enable f16;
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+
+// #include linear_structs.wgsl
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f16>;
+@group(0) @binding(2) var<storage, read> w_a: array<f16>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> residual: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y: array<f32>;
+
+const TM: u32 = {{TM}}u;
+const TN: u32 = {{TN}}u;
+const SM: u32 = {{SM}}u;
+const SN: u32 = {{SN}}u;
+const KU: u32 = {{KU}}u;
+const SG: u32 = {{SG}}u;
+const NSG: u32 = SM * SN;
+const WG: u32 = NSG * SG;
+const BM: u32 = SM * TM * 16u;
+const BN: u32 = SN * TN * 16u;
+const BK: u32 = 16u * KU;
+const LDS: u32 = BK + 8u;  // workgroup rows padded by 8 halves
+
+// Bias (+ residual) of one result matrix, staged per subgroup.
+var<workgroup> cs: array<f32, NSG * 256u>;
+{{SHMEM}}
+
+// The first token of result matrix i of subgroup row sm (clamped into the product).
+fn tok(wy: u32, sm: u32, i: u32) -> u32 {
+    return min((wy * SM + sm) * TM * 16u + i * 16u, params.tokens - 16u);
+}
+
+// The first row (within the segment) of result matrix j of subgroup column sn.
+fn row(wx: u32, sn: u32, j: u32) -> u32 {
+    return min((wx * SN + sn) * TN * 16u + j * 16u, params.rows - 16u);
+}
+
+// A result matrix holding bias (+ residual) at tokens t.., rows r..: through this subgroup's cs.
+fn bias_tile(sg: u32, lane: u32, t: u32, r: u32) -> subgroup_matrix_result<f32, 16, 16> {
+    let has_residual = (params.flags & 2u) != 0u;
+    let o = params.row_offset + r;
+    for (var e = lane; e < 256u; e += SG) {
+        var v = bias[o + e % 16u];
+        if (has_residual) {
+            v += residual[(t + e / 16u) * params.y_stride + o + e % 16u];
+        }
+        cs[sg * 256u + e] = v;
+    }
+    workgroupBarrier();
+    let m = subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>, row_major>(&cs, sg * 256u, 16u);
+    workgroupBarrier();
+    return m;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let cols = params.cols;
+    let ys = params.y_stride;
+    let sm = sg / SN;
+    let sn = sg % SN;
+    let steps = cols / BK;
+    let per = (steps + nwg.z - 1u) / nwg.z;
+    let k_begin = min(steps, wid.z * per) * BK;
+    let k_end = min(steps, wid.z * per + per) * BK;
+    let t_out = wid.z * params.tokens;  // the partial's first row of y when split
+    let has_bias = (params.flags & 1u) != 0u;
+    let has_residual = (params.flags & 2u) != 0u;
+{{DECL}}
+{{INIT}}
+{{PRE}}
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+{{STEP}}
+    }
+{{STORE}}
+}

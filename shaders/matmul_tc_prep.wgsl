@@ -1,0 +1,67 @@
+// matmul_tc_prep: the f16 activations of a tensor-core prefill product (matmul_tc.tmpl.wgsl), one
+// workgroup per token row: a[t, c] = f16(v[t, c] s_t nw[c]) with v = x, or silu(gate) up of
+// x = [gate | up] (flags bit 3), and s_t nw the fused rms norm (flags bit 2; else 1): what
+// NumpyOps(activations="f16") rounds. Written once, read by every workgroup of the product.
+// Bindings: the linear family's (docs/gpu-kernels.md): x (1), norm_weight (6), a as y (7, f16).
+// Needs cols % 4 == 0. Grid: (tokens, 1, 1), 256 threads.
+
+enable f16;
+enable subgroups;
+
+// #include linear_structs.wgsl
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> norm_weight: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> a: array<vec4<f16>>;
+
+const WG: u32 = 256u;
+
+var<workgroup> part: array<f32, 64>;
+
+fn row_value(t: u32, c: u32, c4s: u32, silu: bool) -> vec4<f32> {
+    if (silu) {
+        let g = x[t * 2u * c4s + c];
+        return g / (vec4<f32>(1.0) + exp(-g)) * x[t * 2u * c4s + c4s + c];
+    }
+    return x[t * c4s + c];
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let t = wid.x;
+    let c4s = params.cols / 4u;
+    let silu = (params.flags & 8u) != 0u;
+    let norm = (params.flags & 4u) != 0u;
+    var s = 1.0;
+    if (norm) {
+        var q = 0.0;
+        for (var c = lid; c < c4s; c += WG) {
+            let v = row_value(t, c, c4s, silu);
+            q += dot(v, v);
+        }
+        q = subgroupAdd(q);
+        if (lane == 0u) {
+            part[sg] = q;
+        }
+        workgroupBarrier();
+        q = 0.0;
+        for (var i = 0u; i < nsg; i++) {
+            q += part[i];
+        }
+        s = 1.0 / sqrt(q / f32(params.cols) + params.eps);
+    }
+    for (var c = lid; c < c4s; c += WG) {
+        var v = row_value(t, c, c4s, silu) * s;
+        if (norm) {
+            v *= norm_weight[c];
+        }
+        a[t * c4s + c] = vec4<f16>(v);
+    }
+}
