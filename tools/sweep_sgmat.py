@@ -67,7 +67,8 @@ def main() -> None:
     from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
 
     dawn = args.runtime == "dawn"
-    ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if dawn and not args.robust else ())
+    toggles = DAWN_FAST_DEVICE_TOGGLES if dawn and not args.robust else ()
+    ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=toggles)
     sg = ctx.f16_matrix_subgroup
     report = {"adapter": ctx.description, "runtime": ctx.runtime.description, "f16_matrix_subgroup": sg,
               "toggles": [] if args.robust else list(DAWN_FAST_DEVICE_TOGGLES), "tokens": args.tokens, "results": []}
@@ -137,6 +138,7 @@ def main() -> None:
                 ops.read(outs[-1])
                 times = [s for n, s in ctx.stats.kernel_times if n.startswith(("matmul", "silu"))]
                 parts = sorted({n for n, _ in ctx.stats.kernel_times})
+                part_us = {n: round(1e6 * sum(t for m, t in ctx.stats.kernel_times if m == n) / args.reps, 1) for n in parts}
                 ctx.profile(False)
                 us = 1e6 * float(np.sum(times)) / args.reps
                 ran = sorted({n.split(":")[0] for n in parts})
@@ -144,10 +146,12 @@ def main() -> None:
                     raise RuntimeError(f"{label} did not run (ran {ran})")
                 entry = {"shape": name, "rows": rows, "cols": cols, "kernel": label, "us": round(us, 1),
                          "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
-                         "ok": err < 2e-3, "dispatches": parts}
+                         "ok": err < 2e-3, "dispatches": part_us}
                 ops.close()
             except Exception as exc:  # noqa: BLE001 - reported per variant
                 entry = {"shape": name, "kernel": label, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                # A GPU error can leave the context's encoder unusable: the next variant gets a new one.
+                ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=toggles)
             report["results"].append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
             if entry.get("ok") and family and entry["us"] < best.get(name, {}).get("us", 1e30):

@@ -232,7 +232,9 @@ class WgpuContext:
         self._step_buffers: dict[str, Any] = {}
         self._created: list[Any] = []  # every buffer this context made for itself (freed by close)
         self.closed = False
-        self.dummy = self._own(self.device.create_buffer(size=256, usage=STORAGE, label="dummy"))
+        # The stand-in for unused bindings: at least one 16x16 f32 subgroup matrix, which Dawn checks
+        # statically where matmul_tc.tmpl.wgsl may load the residual as one.
+        self.dummy = self._own(self.device.create_buffer(size=1024, usage=STORAGE, label="dummy"))
         self._profile: list[tuple[str, int]] | None = None
         self._query_set: Any = None
 
