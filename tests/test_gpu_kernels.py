@@ -184,9 +184,35 @@ def test_attention_prefill_with_rows_shared_by_several_threads_matches_numpy(wgp
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
     ops.tuning.attention_prefill_lanes = lanes
+    ops.tuning.attention_prefill_chunk = 0
     ops.tuning.attention_tiled = False  # head_dim 64 would take attention_tiled
     for _, _, out, out_ref in _attention_case(ops, "f16", [37, 70], heads=4, kv_heads=2, head_dim=64, window=window):
         np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim, kv_format, chunk", [(128, "f16", 16), (128, "f32", 48), (64, "f16", 32), (128, "f16", 0)])
+@pytest.mark.parametrize("window", [None, 23])
+def test_attention_prefill_split_over_keys_matches_numpy(wgpu_context, head_dim, kv_format, chunk, window):
+    """attention_prefill with its keys split over workgroups (grid z, `attention_prefill_chunk`
+    keys each, merged by attention_combine): head_dim 128 (the Qwen2.5-1.5B shape) and 64, a
+    37-token prompt then 70 and 12 more on top of the cache (blocks starting mid-split, splits a
+    window hides, splits past a block's last row), 3 query heads per KV head."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    ops.tuning.attention_prefill_chunk = chunk
+    ops.tuning.attention_tiled = False
+    chunks = []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: chunks.append((kernel, (kw.get("constants") or {}).get("CHUNK"))) or real(kernel, kinds, **kw)
+    try:
+        for _, _, out, out_ref in _attention_case(ops, kv_format, [37, 70, 12], heads=6, kv_heads=2, head_dim=head_dim,
+                                                  window=window):
+            np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+    finally:
+        del ops.context.pipeline
+    assert ("attention_prefill", chunk) in chunks
+    assert (("attention_combine", chunk) in chunks) == (chunk > 0)
 
 
 @pytest.mark.parametrize("chunk", [0, 32, 64])

@@ -173,23 +173,14 @@ class Attention:
             # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
             # attention_combine merges the splits as for flash-decoding.
             # The partials grow with tokens x splits: long prompts take longer chunks (doubling).
-            chunk = tuning.attention_tiled_chunk
-            if chunk:
-                fits = min(tuning.attention_partial_max_bytes, ctx.max_binding_size) // (tokens * heads * (hd + 2) * 4)
-                while -(-(start + tokens) // chunk) > max(1, fits):
-                    chunk *= 2
-            splits = -(-(start + tokens) // chunk) if chunk else 1
+            chunk, splits = self.key_chunk(tuning.attention_tiled_chunk, tokens, heads, hd, start)
             grid = (-(-tokens // 32), heads, splits)
             if splits <= 1:
                 tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags)
                 ctx.dispatch(tiled, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
                 return out
-            split_params = uniform(splits)
-            partial = ctx.scratch(tokens * heads * splits * (hd + 2) * 4)
             tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags, constants={"CHUNK": chunk})
-            ctx.dispatch(tiled, (split_params, step, q.buffer, k_buf, v_buf, partial.buffer), grid)
-            combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": chunk})
-            ctx.dispatch(combine, (split_params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+            self.split_keys(tiled, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         else:
             # Threads per query row: a power of two dividing hd / 4, within a subgroup.
             dt = 1
@@ -204,13 +195,42 @@ class Attention:
                 text = text.replace("const DT: u32 = 1u;", f"const DT: u32 = {dt}u;")
                 return text.replace("const MAX_D4: u32 = 64u;", f"const MAX_D4: u32 = {hd // 4}u;")
 
-            prefill = ctx.pipeline(
-                "attention_prefill", ATTENTION_KINDS, flags=(*flags, f"lanes{dt}"),
-                constants={"HEAD_DIM": hd, "BQ": rows_per_group}, source=source,
-            )
-            grid = (-(-tokens // rows_per_group), heads, 1)
-            ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+            # Past `attention_prefill_chunk` keys, grid z splits them as for attention_tiled.
+            chunk, splits = self.key_chunk(tuning.attention_prefill_chunk, tokens, heads, hd, start)
+            constants = {"HEAD_DIM": hd, "BQ": rows_per_group, "CHUNK": chunk if splits > 1 else 0}
+            prefill = ctx.pipeline("attention_prefill", ATTENTION_KINDS, flags=(*flags, f"lanes{dt}"),
+                                   constants=constants, source=source)
+            grid = (-(-tokens // rows_per_group), heads, splits)
+            if splits <= 1:
+                ctx.dispatch(prefill, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+            else:
+                self.split_keys(prefill, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         return out
+
+    def key_chunk(self, chunk: int, tokens: int, heads: int, hd: int, start: int) -> tuple[int, int]:
+        """(keys per split, splits) of a prefill split over its keys (chunk 0: one split); the
+        partials take tokens x heads x splits x (hd + 2) floats, so the chunk doubles until they fit
+        in `attention_partial_max_bytes` and one storage binding."""
+        if not chunk:
+            return 0, 1
+        tuning = self.tuning
+        fits = min(tuning.attention_partial_max_bytes, self.context.max_binding_size) // (tokens * heads * (hd + 2) * 4)
+        while -(-(start + tokens) // chunk) > max(1, fits):
+            chunk *= 2
+        return chunk, -(-(start + tokens) // chunk)
+
+    def split_keys(self, pipeline: Any, params: Any, inputs: tuple, out: GpuTensor, grid: tuple[int, int, int],
+                   chunk: int, start: int) -> None:
+        """A prefill kernel over ``grid`` (z: the key splits) into partials, merged into ``out`` by
+        attention_combine."""
+        ctx = self.context
+        tokens, heads = out.shape[0], grid[1]
+        hd = out.shape[1] // heads
+        partial = ctx.scratch(tokens * heads * grid[2] * (hd + 2) * 4)
+        step = self.step.buffer(start)
+        ctx.dispatch(pipeline, (params, step, *inputs, partial.buffer), grid)
+        combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": chunk})
+        ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
 
     def attention_step(self, pending: RopePending, window: int | None) -> GpuTensor:
         """rope_store + attention of one token in one dispatch (attention_step.wgsl)."""

@@ -146,8 +146,11 @@ class GpuTuning:
     """Prefill with head_dim 64: attention_tiled.wgsl (else attention_prefill)."""
     attention_tiled_chunk: int = 128
     """Keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)."""
+    attention_prefill_chunk: int = 128
+    """Keys per workgroup of attention_prefill (other head sizes than 64) past this many (a
+    multiple of 16; 0: no split)."""
     attention_partial_max_bytes: int = 64 << 20
-    """attention_tiled's split partials: longer chunks beyond this many bytes."""
+    """attention_tiled's and attention_prefill's split partials: longer chunks beyond this many bytes."""
 
     # ---------------------------------------------------------------- submits and readback
     prefill_submit_every: int = 24
