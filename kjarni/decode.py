@@ -103,6 +103,7 @@ def generate_step(
     *,
     logprobs: bool = False,
     max_tokens: int | None = None,
+    first_burst: int = 1,
 ) -> Iterator[tuple[int, float | None]]:
     """Endless ``(token_id, logprob)`` pairs; the caller decides when to stop.
 
@@ -116,14 +117,17 @@ def generate_step(
     draw on its device (``samples_ahead``), run ahead instead (`_decode_ahead`): up to
     ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string)
     leaves up to ``decode_ahead - 1`` steps computed for nothing, and the cache is then trimmed
-    back to what the step-by-step loop would have fed.
+    back to what the step-by-step loop would have fed. ``first_burst``: the steps of the first
+    burst (1: the first token comes as soon as the prefill ends; ``ops.decode_ahead``: full speed
+    from the start, for a caller that wants ``max_tokens`` tokens in any case, as a speculative
+    plain run does).
     """
     prompt = [int(t) for t in prompt_ids]
     if kv_cache.offset >= len(prompt):
         kv_cache.trim(kv_cache.offset - len(prompt) + 1)
     logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
     if _runs_ahead(model.ops, sampler, logprobs):
-        yield from _decode_ahead(model, kv_cache, logits, prompt, sampler, rng, max_tokens)
+        yield from _decode_ahead(model, kv_cache, logits, prompt, sampler, rng, max_tokens, first_burst)
         return
     history = list(prompt)
     while True:
@@ -146,14 +150,14 @@ def _runs_ahead(ops, sampler: Sampler, logprobs: bool) -> bool:
 
 def _decode_ahead(
     model, kv_cache: KVCache, logits: Activation, prompt: list[int], sampler: Sampler,
-    rng: np.random.Generator, max_tokens: int | None,
+    rng: np.random.Generator, max_tokens: int | None, first_burst: int = 1,
 ) -> Iterator[tuple[int, None]]:
     """Tokens with the choice left on the device: each step embeds the previous step's choice
     (`DeviceTokens`: ``argmax_ahead`` when greedy, else ``sample_ahead`` with the step's
     ``rng.random()``, drawn in the order the step-by-step loop draws) and is submitted at once, so
     the CPU records step n + 1 while the GPU runs step n, and ids are read back once per burst.
-    Bursts grow 1, 2, 4 .. ``ops.decode_ahead`` (the first token comes as soon as the prefill
-    ends). Steps past ``max_tokens`` or the cache are not run ahead; a consumer asking beyond
+    Bursts grow ``first_burst`` (1: the first token comes as soon as the prefill ends), twice
+    that .. ``ops.decode_ahead``. Steps past ``max_tokens`` or the cache are not run ahead; a consumer asking beyond
     them gets them one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
 
     A draw the device leaves undecided (a tie at the top-k boundary) is made on the CPU from that
@@ -171,7 +175,7 @@ def _decode_ahead(
         return ops.sample_ahead(step_logits, sampler, draw), step_logits, draw
 
     pending = [choose(logits)]
-    last, chosen, produced, burst = pending[0][0], 1, 0, 1
+    last, chosen, produced, burst = pending[0][0], 1, 0, max(min(first_burst, ops.decode_ahead), 1)
     try:
         while True:
             # Run ahead while the burst has room and the step is sure to be wanted; a consumer

@@ -31,6 +31,7 @@ backends. The first token of a generation comes from the target's prefill as wit
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -136,10 +137,14 @@ class DraftLength:
 
     The sequence: ``INITIAL_DRAFT_TOKENS`` until the draft and verify costs are timed, then one
     short plain run to time the plain step, then the cost model. After every plain run comes one
-    probe round of the best ``k`` (the acceptance may have changed: prose turning into code); each
-    probe that still loses doubles the next plain run, up to ``MAX_PLAIN_RUN``, so a draft that
-    never pays costs a probe every 128 tokens. Time is read by the caller (``record_*``), so tests
-    drive the choice with controlled costs.
+    probe round of the best ``k`` (the acceptance may have changed: prose turning into code). Each
+    losing round sets the next plain run: at least twice the last one (up to ``MAX_PLAIN_RUN``;
+    never shorter than the last), and long enough that the time the round lost against plain decoding (its measured time less
+    its tokens at the plain step) is at most ``PROBE_SHARE`` of the run's time (up to
+    ``MAX_LOSS_RUN``). So a draft that loses a little is probed often and cheaply, and one that
+    loses a lot (a GPU, where every round's readbacks cost more than a step) is probed rarely:
+    the probes cost about ``PROBE_SHARE`` of the decode time. Time is read by the caller
+    (``record_*``), so tests drive the choice with controlled costs.
     """
 
     PRIOR_ACCEPTANCE, PRIOR_TRIALS = 0.7, 3.0
@@ -147,6 +152,7 @@ class DraftLength:
     MARGIN = 1.05
     SAMPLES = 8
     FIRST_PLAIN_RUN, MAX_PLAIN_RUN = 8, 128
+    PROBE_SHARE, MAX_LOSS_RUN = 0.02, 1024
 
     def __init__(self, num_tokens: int | None = None, p_min: float | None = None, *,
                  max_tokens: int = MAX_DRAFT_TOKENS) -> None:
@@ -161,6 +167,7 @@ class DraftLength:
         self._plain: list[float] = []
         self._next_plain_run = self.FIRST_PLAIN_RUN
         self._probe = False
+        self._last_round = (0.0, 0)  # (seconds, tokens) of the last round
 
     @property
     def acceptance(self) -> float:
@@ -188,6 +195,7 @@ class DraftLength:
         self._checks = self._checks * decay + checks
         if draft_forwards:
             _push(self._draft, draft_seconds / draft_forwards, self.SAMPLES)
+        self._last_round = (verify_seconds + draft_seconds, accepted + 1)
         _push(self._verify.setdefault(proposed + 1, []), verify_seconds, self.SAMPLES)
 
     def record_plain(self, tokens: int, seconds: float) -> None:
@@ -238,9 +246,18 @@ class DraftLength:
         """Tokens to decode without the draft after ``choose()`` returned 0; then a probe round."""
         if not self._plain:
             return self.FIRST_PLAIN_RUN  # the first run only times the plain step
-        run, self._probe = self._next_plain_run, True
-        self._next_plain_run = min(2 * run, self.MAX_PLAIN_RUN)
+        run, self._probe = max(self._next_plain_run, self._loss_run()), True
+        self._next_plain_run = max(min(2 * run, self.MAX_PLAIN_RUN), run)  # never shorter while losing
         return run
+
+    def _loss_run(self) -> int:
+        """The plain run over which the last round's loss is ``PROBE_SHARE`` of the time."""
+        seconds, tokens = self._last_round
+        step = _median(self._plain)
+        lost = seconds - tokens * step
+        if lost <= 0 or step <= 0:
+            return 0
+        return min(math.ceil(lost / (self.PROBE_SHARE * step)), self.MAX_LOSS_RUN)
 
 
 def _push(samples: list[float], value: float, limit: int) -> None:
@@ -307,7 +324,10 @@ def speculative_step(
             # Plain decode steps: the run the length asked for, or the last token (no room to draft).
             # generate_step feeds seq[-1] first; closed after n tokens, its cache holds all but the last.
             n = max(min(length.plain_run() if choice == 0 else 1, left, target_cache.capacity - len(seq) + 1), 1)
-            plain = generate_step(target, seq, sampler, rng, target_cache, logprobs=logprobs, max_tokens=n)
+            # All n tokens are wanted: run ahead at full speed from the first step (one readback
+            # per decode_ahead steps), so the run and the plain step timed on it are plain decoding's.
+            plain = generate_step(target, seq, sampler, rng, target_cache, logprobs=logprobs, max_tokens=n,
+                                  first_burst=getattr(target.ops, "decode_ahead", 1))
             spent = 0.0
             try:
                 for i in range(n):

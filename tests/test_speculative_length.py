@@ -127,6 +127,58 @@ def test_speculation_comes_back_when_the_draft_starts_agreeing():
     assert [kind for kind, _ in trace[first_round:]] == ["round"] * len(trace[first_round:])
 
 
+# Costs like the H200's with Qwen2.5-1.5B f16 and its 0.5B draft (docs/benchmarks.md): a plain
+# step 2.9 ms while decoding runs ahead; each round pays readbacks, so a draft forward costs 2.4 ms
+# and a verify 6.7 ms: the best fixed length reaches 0.9x plain with a draft that is always right.
+H200_PLAIN, H200_DRAFT = 2.9e-3, 2.4e-3
+
+
+def h200_verify(rows: int) -> float:
+    return 6.7e-3 + 0.3e-3 * (rows - 1)
+
+
+def simulate(rate: float, tokens: int, seed: int = 0):
+    """(simulated seconds, trace) of the adaptive length on the H200's costs, drafts right at ``rate``."""
+    rng, length, done, seconds, trace = np.random.default_rng(seed), DraftLength(), 1, 0.0, []
+    while done < tokens:
+        k = length.choose()
+        if k == 0:
+            n = min(length.plain_run(), tokens - done)
+            length.record_plain(n, n * H200_PLAIN)
+            seconds, done = seconds + n * H200_PLAIN, done + n
+            trace.append(("plain", n))
+            continue
+        a = next((i for i in range(k) if rng.random() > rate), k)
+        length.record_round(k, a, h200_verify(k + 1), k * H200_DRAFT, k)
+        seconds, done = seconds + h200_verify(k + 1) + k * H200_DRAFT, done + a + 1
+        trace.append(("round", k))
+    return seconds, trace
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.7, 1.0])
+def test_rounds_that_lose_clearly_give_way_to_long_plain_runs(rate):
+    seconds, trace = simulate(rate, 128)
+    rounds = [k for kind, k in trace if kind == "round"]
+    runs = [n for kind, n in trace if kind == "plain"]
+    assert len(rounds) <= 2  # the round timing the costs, at most one probe
+    assert runs[0] == DraftLength.FIRST_PLAIN_RUN and max(runs) >= 48  # then runs long enough to amortise it
+    assert seconds <= 127 * H200_PLAIN / 0.96  # within 4% of plain decoding's 127 steps
+    seconds, trace = simulate(rate, 2048)
+    assert sum(kind == "round" for kind, _ in trace) <= 16
+    assert seconds <= 2047 * H200_PLAIN / 0.98  # the probes cost about PROBE_SHARE
+
+
+def test_a_losing_probe_sets_a_run_that_makes_its_loss_a_small_share():
+    length = DraftLength()
+    length.record_round(3, 3, 0.010, 0.006, 3)  # 4 tokens in 16 ms
+    assert length.choose() == 0 and length.plain_run() == DraftLength.FIRST_PLAIN_RUN
+    length.record_plain(8, 8 * 0.002)  # 2 ms a step: the round lost 16 - 4 * 2 = 8 ms
+    assert length.choose() == 0
+    assert DraftLength.PROBE_SHARE == 0.02 and length.plain_run() == 200  # 8 ms is 2% of 200 steps
+    rates = length.rates()
+    assert length.choose() == max(rates, key=rates.__getitem__)  # then the probe
+
+
 # ---------------------------------------------------------------- speculative_step with a fake clock
 
 
