@@ -316,6 +316,7 @@ def speculative_step(
     emitted = 1
     yield token, logprob
 
+    on_device = _rounds_on_device(target, draft, sampler, logprobs)
     while True:
         left = max_tokens - emitted
         choice = length.choose()
@@ -346,10 +347,16 @@ def speculative_step(
             continue
         started = clock()
         catch_up = len(seq) - draft_cache.offset
-        drafts, draft_probs, forwards, stopped = _propose(draft, draft_cache, seq, k, sampler, rng, length.p_min)
-        drafted = clock()
-        verify_logits = verify(target, target_cache, seq[-1:] + drafts)
-        accepted, out = _accept(target, verify_logits, drafts, draft_probs, seq, sampler, rng, logprobs)
+        if on_device:
+            drafts, choices, drafted = _round_on_device(target, draft, target_cache, draft_cache, seq, k, clock)
+            accepted = next((i for i in range(k) if drafts[i] != choices[i]), k)
+            out = [(t, None) for t in drafts[:accepted] + [choices[accepted]]]
+            forwards, stopped = k, False
+        else:
+            drafts, draft_probs, forwards, stopped = _propose(draft, draft_cache, seq, k, sampler, rng, length.p_min)
+            drafted = clock()
+            verify_logits = verify(target, target_cache, seq[-1:] + drafts)
+            accepted, out = _accept(target, verify_logits, drafts, draft_probs, seq, sampler, rng, logprobs)
         length.record_round(len(drafts), accepted, clock() - drafted, drafted - started,
                             forwards if catch_up <= 2 else 0, stopped)
         # Both caches now hold seq + drafts[:accepted] at most: forget the rejected positions.
@@ -362,6 +369,42 @@ def speculative_step(
             seq.append(token)
             emitted += 1
             yield token, logprob
+
+
+def _rounds_on_device(target, draft, sampler: Sampler, logprobs: bool) -> bool:
+    """Whether a greedy round can stay on the device until its end (`_round_on_device`): both
+    models run ahead (``decode_ahead > 1``) on one device, and the target can embed the draft's
+    on-device choices behind a CPU-known token (``join_tokens``)."""
+    if not sampler.greedy or sampler.needs_full_logits or logprobs:
+        return False
+    t, d = target.ops, draft.ops
+    return (getattr(t, "decode_ahead", 1) > 1 and getattr(d, "decode_ahead", 1) > 1
+            and hasattr(t, "join_tokens") and getattr(t, "context", None) is getattr(d, "context", False))
+
+
+def _round_on_device(
+    target, draft, target_cache: KVCache, draft_cache: KVCache, seq: list[int], k: int, clock: Callable[[], float],
+) -> tuple[list[int], list[int], float]:
+    """A greedy round with one readback: the draft's ``k`` argmax choices feed each other and the
+    verify pass over [last token, d1 .. dk] on the device, and the drafts and the target's ``k + 1``
+    choices come back together. Returns (drafts, choices, the clock when the drafts were recorded).
+    The draft's time is then only its recording (the device runs it behind the CPU); the verify
+    time holds the rest, and the verify line fitted over the lengths timed carries the per-draft cost."""
+    logits = draft.forward(np.asarray(seq[draft_cache.offset :], dtype=np.int32), draft_cache, logits="last")
+    d, t = draft.ops, target.ops
+    handles = [d.argmax_ahead(logits)]
+    for _ in range(k - 1):
+        handles.append(d.argmax_ahead(draft.forward(handles[-1], draft_cache, logits="last")))
+    drafted = clock()
+    verify_logits = target.forward(t.join_tokens(seq[-1:], handles), target_cache, logits="all")
+    choice = t.argmax_ahead(verify_logits)
+    if d is t:
+        ids = t.read_tokens([*handles, choice])  # one readback: the ring holds them side by side
+    else:  # two rings on one device: the first read waits for the verify, the second finds it done
+        ids = d.read_tokens(handles) + t.read_tokens([choice])
+    drafts = [int(checked_ids(draft, i, "a draft step")[0]) for i in ids[:k]]
+    choices = [int(c) for c in checked_ids(target, ids[k], "a speculative verify step")]
+    return drafts, choices, drafted
 
 
 def _propose(

@@ -337,3 +337,31 @@ def test_gpu_adaptive_greedy_with_plain_runs_is_plain_greedy(tmp_path, gpu_ops):
     tokens, stats, _, _ = run(gpu, gpu, 48, 1.0)
     assert stats.plain_tokens >= 24 and stats.rounds >= 2
     assert tokens == _tokens(gpu, GenerationParams(max_tokens=48, temperature=0))
+
+
+@pytest.mark.gpu
+def test_gpu_greedy_round_reads_back_once_and_keeps_plain_greedy(tmp_path, gpu_ops):
+    from kjarni.model_config import ModelConfig
+    from kjarni.model import DecoderModel
+    from kjarni.weights import load_weights
+
+    _build(tmp_path, seed=11)
+    gpu = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
+    ctx, reads, per_round = gpu_ops.context, [], []
+    real_read = ctx.read
+    ctx.read = lambda *args: reads.append(args) or real_read(*args)
+    try:
+        params = GenerationParams(temperature=0)
+        steps = speculative_step(
+            gpu, gpu, PROMPT, Sampler(params), np.random.default_rng(0), gpu.new_cache(len(PROMPT) + 30),
+            gpu.new_cache(len(PROMPT) + 30), max_tokens=30, num_draft_tokens=3,
+            on_round=lambda *_: per_round.append(len(reads)),
+        )
+        tokens = [next(steps)[0] for _ in range(30)]
+        steps.close()
+    finally:
+        del ctx.read
+    assert len(per_round) >= 7
+    assert per_round[0] == 2  # the prefill's token, then the first round
+    assert np.diff(per_round).tolist() == [1] * (len(per_round) - 1)  # drafts and choices in one readback
+    assert tokens == _tokens(gpu, GenerationParams(max_tokens=30, temperature=0))

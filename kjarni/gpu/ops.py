@@ -294,6 +294,23 @@ class WgpuOps:
         """Copies ``out`` ([tokens] ids, then [tokens] statuses) into the readback ring and submits."""
         return self._ring.push(out, tokens)
 
+    def join_tokens(self, first: Sequence[int], handles: Sequence[GpuTokens]) -> GpuTokens:
+        """``first`` (ids known on the CPU) then the ids of ``handles``, as one `GpuTokens` that a
+        forward can embed before any of them is read back: a speculative round feeds its last
+        token and the draft's on-device choices to the verify pass without a readback between.
+        Only for embedding: read the ids from ``handles`` (the result is not in the ring)."""
+        ctx = self.context
+        count = len(first) + sum(len(h) for h in handles)
+        out = ctx.scratch(8 * count)
+        offset = 4 * len(first)
+        if first:
+            head = ctx.step_buffer("join", np.asarray(first, dtype=np.uint32).tobytes(), usage=_copy_usage())
+            ctx.copy(head, 0, out.buffer, 0, offset)
+        for handle in handles:  # each handle's buffer: its ids, then their statuses
+            ctx.copy(handle.buffer, 0, out.buffer, offset, 4 * len(handle))
+            offset += 4 * len(handle)
+        return GpuTokens(out, count, -1)
+
     def read_tokens(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
         """The ids of ``handles`` in one readback: ``-1`` where the logits were not finite,
         ``kjarni.backend.UNDECIDED`` for a draw left to the CPU (`gpu_sampling.decode_ring`)."""
@@ -359,3 +376,9 @@ def _storage_usage() -> int:
     import wgpu
 
     return wgpu.BufferUsage.STORAGE
+
+
+def _copy_usage() -> int:
+    import wgpu
+
+    return wgpu.BufferUsage.COPY_SRC
