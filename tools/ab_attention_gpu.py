@@ -1,0 +1,133 @@
+"""A/B the attention knobs of `GpuTuning` on one model build. Prints JSON lines.
+
+Builds a random-weight model once (tools/bench_gpu.py's shapes and weights), then for each
+variant (``--prefill`` / ``--decode``: ``field=value[,field=value...]``, ``-`` for the defaults)
+sets the fields, drops the weights' cached plans and measures, in interleaved rounds: prefill
+tok/s (best of 3) with the GPU time of the attention kernels and of the whole prompt, or greedy
+decode tok/s (kjarni.decode.generate_step) with the GPU time of one step, its attention_step and
+o_proj merge, from timestamp queries. Each result line is also appended to ``--out`` as it comes.
+
+    python tools/ab_attention_gpu.py --model qwen2.5-1.5b --prefill "default;attention_prefill_chunk=0"
+    python tools/ab_attention_gpu.py --decode "default;attention_step_splits=4;matvec_attn_threads=512"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_gpu  # noqa: E402
+
+
+def _apply(ops, model, variant: str, defaults: dict) -> None:
+    for name, value in defaults.items():
+        setattr(ops.tuning, name, value)
+    if variant != "default":
+        for item in variant.split(","):
+            error = bench_gpu._set_field(ops.tuning, item.strip())
+            if error:
+                raise SystemExit(error)
+    for weight in bench_gpu._matrices(model):
+        weight.plans.clear()  # the merging o_proj's threads and lanes are planned once per weight
+
+
+def _profile(ctx, run) -> dict[str, float]:
+    ctx.profile(True)
+    run()
+    times = defaultdict(float)
+    previous = ""
+    for name, seconds in ctx.stats.kernel_times:
+        # A decode step's o_proj follows its attention_step (the merging matvec when split).
+        times["o_proj" if previous.startswith("attention_step") else name.split(":")[0]] += seconds
+        previous = name
+    ctx.profile(False)
+    return {k: round(1e6 * v, 1) for k, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--format", default="f16")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefill", default="", help="variants separated by ';' (default: the defaults)")
+    parser.add_argument("--decode", default="", help="variants separated by ';' (default: the defaults)")
+    parser.add_argument("--out", default=None, help="append each result as a JSON line to this file")
+    args = parser.parse_args()
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        import tempfile
+
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
+    from kjarni.gpu import WgpuContext, WgpuOps
+
+    ctx = WgpuContext()
+    ops = WgpuOps(ctx, weight_format="f16")
+    model = bench_gpu.build(args.model, args.format, ops)
+    names = ops.tuning.field_names()
+    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float))}
+    prompt = (np.arange(args.context, dtype=np.int32) * 7919) % model.config.vocab_size
+    cache = model.new_cache(args.context + args.steps + 16)
+    bench_gpu._warm_up(ops, model, prompt, cache)
+
+    def emit(result: dict) -> None:
+        result.update(shape=args.model, format=args.format, context=args.context, adapter=ctx.description)
+        line = json.dumps(result)
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+    prefill = [v for v in args.prefill.split(";") if v]
+    decode = [v for v in args.decode.split(";") if v]
+    for round_ in range(args.rounds):
+        for variant in prefill:
+            _apply(ops, model, variant, defaults)
+
+            def run() -> None:
+                cache.offset = 0
+                int(ops.argmax(model.forward(prompt, cache))[0])
+
+            run()  # plans and pipelines of this variant
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            kernels = _profile(ctx, run)
+            emit({"kind": "prefill", "variant": variant, "round": round_,
+                  "prefill_tok_s": round(args.context / min(times), 1),
+                  "gpu_ms": round(sum(kernels.values()) / 1e3, 3),
+                  "attention_us": {k: v for k, v in kernels.items() if k.startswith("attention")},
+                  "top_kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:6])})
+        for variant in decode:
+            _apply(ops, model, variant, defaults)
+            cache.offset = 0
+            token = int(ops.argmax(model.forward(prompt, cache))[0])
+            seconds = bench_gpu._decode_ahead(model, cache, prompt, args.steps)
+            cache.offset = args.context
+            token = int(ops.argmax(model.forward([token], cache))[0])
+
+            def step() -> None:
+                int(ops.argmax(model.forward([token], cache, logits="all"))[0])
+                cache.trim(1)
+
+            kernels = _profile(ctx, step)
+            emit({"kind": "decode", "variant": variant, "round": round_,
+                  "decode_tok_s": round(args.steps / seconds, 1),
+                  "gpu_us_per_step": round(sum(kernels.values()), 1),
+                  "kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])})
+
+
+if __name__ == "__main__":
+    main()
