@@ -47,8 +47,8 @@ def _profile(ctx, run) -> dict[str, float]:
     times = defaultdict(float)
     previous = ""
     for name, seconds in ctx.stats.kernel_times:
-        # A decode step's o_proj follows its attention_step (the merging matvec when split).
-        times["o_proj" if previous.startswith("attention_step") else name.split(":")[0]] += seconds
+        # What follows a decode step's attention_step: o_proj (the merging matvec when split), or attention_combine.
+        times["after_attention_step" if previous.startswith("attention_step") else name.split(":")[0]] += seconds
         previous = name
     ctx.profile(False)
     return {k: round(1e6 * v, 1) for k, v in times.items()}

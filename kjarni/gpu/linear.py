@@ -108,7 +108,7 @@ class Linear:
         """Whether the one-token product by ``weight`` can merge split attention partials while
         loading x: every segment runs matvec.tmpl.wgsl, and x fits its workgroup memory."""
         cols = x.shape[1]
-        return (weight.kind == "matrix" and cols <= 4096 and weight.shape[1] == cols
+        return (self.tuning.matvec_attn_merge and weight.kind == "matrix" and cols <= 4096 and weight.shape[1] == cols
                 and all(self.matvec_config(s.format, s.rows, cols) is not None for s in weight.segments))
 
     def plan(self, x_shape: tuple[int, int], weight: GpuWeight, bias, residual, norm_weight, eps, silu: bool,

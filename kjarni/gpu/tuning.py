@@ -130,6 +130,9 @@ class GpuTuning:
     merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups."""
     attention_split_threads: int = 128
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
+    matvec_attn_merge: bool = True
+    """The o_proj matvec merges a split attention_step's partials (False: attention_combine, one
+    workgroup per head, then the plain o_proj: a dispatch more)."""
     matvec_attn_threads: int = 256
     """The merging matvec (o_proj after a split attention_step): workgroup threads. Its workgroups
     each merge the whole x: fewer, larger ones read the partials fewer times (H200, 0.5B o_proj,
