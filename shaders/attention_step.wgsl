@@ -18,8 +18,9 @@
 // Grid: (H, 1, 1), a workgroup of WG threads (a multiple of hd / 4). Scores: KL threads per key
 // (KL divides hd / 4; summed with subgroupShuffleXor), two keys per trip with all their loads
 // issued first, into workgroup memory; workgroup max and sum; then thread i accumulates dims
-// 4 (i % (hd/4)) .. over the keys of subset i / (hd/4), four keys a trip, and the subsets' partial
-// outputs are added by a tree through workgroup memory.
+// 4 (i % (hd/4)) .. over the keys of subset i / (hd/4), four keys a trip (each trip's values
+// loaded one trip ahead, the first before the scores), and the subsets' partial outputs are
+// added by a tree through workgroup memory.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
@@ -52,6 +53,8 @@ struct Step {
 @group(0) @binding(4) var<storage, read_write> k_cache: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<vec2<u32>>;
 
+alias KVRaw = vec2<u32>;
+
 fn kv_load(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
@@ -62,6 +65,8 @@ fn kv_pack(v: vec4<f32>) -> vec2<u32> {
 // #else
 @group(0) @binding(4) var<storage, read_write> k_cache: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<vec4<f32>>;
+
+alias KVRaw = vec4<f32>;
 
 fn kv_load(w: vec4<f32>) -> vec4<f32> {
     return w;
@@ -141,6 +146,31 @@ fn main(
     let pos = step.start;
     let d4 = HEAD_DIM / 4u;
     let cache = (kv_head * params.capacity + pos) * d4;
+    let length = pos + 1u;
+    let lo = select(0u, length - min(length, params.window), params.window > 0u);
+    let n = length - lo;   // keys lo .. pos; the host keeps ceil(n / SPLITS) <= MAX_KEYS
+    let last = n - 1u;     // key pos, from workgroup memory; keys 0 .. last - 1 from the cache
+    // This workgroup's keys: j0 .. j1 - 1 (of 0 .. last); the cache's up to `end`, then key last
+    // from workgroup memory when it falls in the run. p_sh[j - j0] holds key j.
+    let chunk = (n + SPLITS - 1u) / SPLITS;
+    let j0 = min(split * chunk, n);
+    let j1 = min(j0 + chunk, n);
+    let end = min(j1, last);
+    let has_last = last >= j0 && last < j1;
+    let base = kv_head * params.capacity + lo;
+    let count = end - min(end, j0);  // keys of this run in the cache
+    // p v: thread lid owns dims 4 c4 .. of key subset lid / d4, four keys a trip. The first trip's
+    // values are loaded now, so they arrive while the scores and the softmax are computed (a
+    // clamped row where the run has fewer keys: never used).
+    let c4 = lid % d4;
+    let subset = lid / d4;
+    let subsets = WG / d4;
+    let vrow = (base + j0) * d4 + c4;
+    let vlast = max(count, 1u) - 1u;
+    var v0 = v_cache[vrow + min(subset, vlast) * d4];
+    var v1 = v_cache[vrow + min(subset + subsets, vlast) * d4];
+    var v2 = v_cache[vrow + min(subset + 2u * subsets, vlast) * d4];
+    var v3 = v_cache[vrow + min(subset + 3u * subsets, vlast) * d4];
     for (var i = lid; i < d4; i += WG) {
         let e = 4u * i;
         q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
@@ -155,18 +185,6 @@ fn main(
         }
     }
     workgroupBarrier();
-    let length = pos + 1u;
-    let lo = select(0u, length - min(length, params.window), params.window > 0u);
-    let n = length - lo;   // keys lo .. pos; the host keeps ceil(n / SPLITS) <= MAX_KEYS
-    let last = n - 1u;     // key pos, from workgroup memory; keys 0 .. last - 1 from the cache
-    // This workgroup's keys: j0 .. j1 - 1 (of 0 .. last); the cache's up to `end`, then key last
-    // from workgroup memory when it falls in the run. p_sh[j - j0] holds key j.
-    let chunk = (n + SPLITS - 1u) / SPLITS;
-    let j0 = min(split * chunk, n);
-    let j1 = min(j0 + chunk, n);
-    let end = min(j1, last);
-    let has_last = last >= j0 && last < j1;
-    let base = kv_head * params.capacity + lo;
     // Scores: KL threads per key, two keys a trip.
     let kl = lid % KL;
     let slots = WG / KL;
@@ -175,7 +193,6 @@ fn main(
     // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
     // checks it): threads past the run's last cache key in the final trip load a clamped row and
     // store nothing.
-    let count = end - min(end, j0);  // keys of this run in the cache
     let trips = (count + 2u * slots - 1u) / (2u * slots);
     for (var trip = 0u; trip < trips; trip++) {
         let jb = j + slots;
@@ -209,29 +226,34 @@ fn main(
         l_local += p;
     }
     let l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
-    // p v: thread lid owns dims 4 c4 .. of key subset lid / d4, four keys a trip.
-    let c4 = lid % d4;
-    let subset = lid / d4;
-    let subsets = WG / d4;
+    // p v: v0 .. v3 hold keys k, k + subsets, .. (loaded a trip ahead, clamped to the run).
     var o = vec4<f32>(0.0);
     var k = subset;  // relative to j0
     loop {
         if (k + 3u * subsets >= count) {
             break;
         }
-        let v0 = kv_load(v_cache[(base + j0 + k) * d4 + c4]);
-        let v1 = kv_load(v_cache[(base + j0 + k + subsets) * d4 + c4]);
-        let v2 = kv_load(v_cache[(base + j0 + k + 2u * subsets) * d4 + c4]);
-        let v3 = kv_load(v_cache[(base + j0 + k + 3u * subsets) * d4 + c4]);
-        o += p_sh[k] * v0 + p_sh[k + subsets] * v1 + p_sh[k + 2u * subsets] * v2 + p_sh[k + 3u * subsets] * v3;
-        k += 4u * subsets;
+        let w0 = kv_load(v0);
+        let w1 = kv_load(v1);
+        let w2 = kv_load(v2);
+        let w3 = kv_load(v3);
+        let kn = k + 4u * subsets;
+        v0 = v_cache[vrow + min(kn, vlast) * d4];
+        v1 = v_cache[vrow + min(kn + subsets, vlast) * d4];
+        v2 = v_cache[vrow + min(kn + 2u * subsets, vlast) * d4];
+        v3 = v_cache[vrow + min(kn + 3u * subsets, vlast) * d4];
+        o += p_sh[k] * w0 + p_sh[k + subsets] * w1 + p_sh[k + 2u * subsets] * w2 + p_sh[k + 3u * subsets] * w3;
+        k = kn;
     }
-    loop {
-        if (k >= count) {
-            break;
-        }
-        o += p_sh[k] * kv_load(v_cache[(base + j0 + k) * d4 + c4]);
-        k += subsets;
+    // At most three keys of the run remain: k, k + subsets, k + 2 subsets, in v0 .. v2.
+    if (k < count) {
+        o += p_sh[k] * kv_load(v0);
+    }
+    if (k + subsets < count) {
+        o += p_sh[k + subsets] * kv_load(v1);
+    }
+    if (k + 2u * subsets < count) {
+        o += p_sh[k + 2u * subsets] * kv_load(v2);
     }
     if (has_last && (last - j0) % subsets == subset) {
         o += p_sh[last - j0] * v_sh[c4];

@@ -53,19 +53,22 @@ var<workgroup> xa: array<vec4<f32>, MAX_XA>;
 // The merged attention output, vec4 i = 4i .. of head i / HD4, into xa (every thread calls it).
 fn merge_attention(lid: u32) {
     for (var i = lid; i < params.cols / 4u; i += WG) {
+        // One pass, the running max rescaling the sums: every split's loads are independent of
+        // the others' values, so all are in flight at once (a max pass first cost a round trip).
         let first = (i / HD4) * SPLITS;
         var m = -3.0e38;
-        for (var s = 0u; s < SPLITS; s++) {
-            m = max(m, x[(first + s) * (HD4 + 1u) + HD4].x);
-        }
         var l = 0.0;
         var o = vec4<f32>(0.0);
         for (var s = 0u; s < SPLITS; s++) {
             let run = (first + s) * (HD4 + 1u);
             let ml = x[run + HD4];
-            let e = exp(ml.x - m);
-            l += e * ml.y;
-            o += e * x[run + i % HD4];
+            let v = x[run + i % HD4];
+            let m_new = max(m, ml.x);
+            let c = exp(m - m_new);
+            let e = exp(ml.x - m_new);
+            l = l * c + e * ml.y;
+            o = o * c + e * v;
+            m = m_new;
         }
         xa[i] = o / l;
     }
