@@ -6,6 +6,7 @@ would promote the activations and make decoding ten times slower.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import gguf
@@ -100,6 +101,23 @@ class NumpyKVCache:
         return self.offset
 
 
+INT_DOT_TYPES = frozenset({gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q4_K})
+"""GGUF types whose one-token products the GPU computes against int8-quantized activations
+(matvec_dot.tmpl.wgsl, GpuTuning.matvec_int_dot); ``quantize_activations=True`` mirrors it."""
+
+
+def quantize_activations(x: np.ndarray) -> np.ndarray:
+    """``x`` (float32, a multiple of 32 values a row) rounded as matvec_dot.tmpl.wgsl rounds it:
+    per block of 32, ``q = round(v * 127 / max|v|)`` (half to even) and ``v' = q * max|v| / 127``.
+    The error of a value is at most ``max|v| / 254`` of its block."""
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0))
+    q = np.round(blocks * inv)
+    return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(x.shape)
+
+
 WEIGHT_FORMATS = ("f32", "f16")
 ACTIVATION_FORMATS = ("f32", "f16")
 
@@ -116,6 +134,10 @@ class NumpyOps:
     ``f16_activation_min_tokens`` rows) to float16 before the float32 product: the math of the
     GPU's tensor-core prefill (f16 x f16 products, f32 sums), to check the GPU against tightly and
     to measure what that rounding costs against the float32 reference.
+
+    ``quantize_activations=True`` rounds the input of every one-token product by a Q8_0, Q5_0 or
+    Q4_K weight (`INT_DOT_TYPES`) to int8 blocks of 32 (`quantize_activations`), as the GPU's
+    integer-dot decode product does: the reference to check that kernel against tightly.
     """
 
     name = "cpu"
@@ -128,6 +150,7 @@ class NumpyOps:
         *,
         activations: str = "f32",
         f16_activation_min_tokens: int = 1,
+        quantize_activations: bool = False,
     ) -> None:
         # Query rows per attention step: any value gives the same bits (see _attend), only speed.
         self.attention_rows = attention_rows
@@ -145,6 +168,10 @@ class NumpyOps:
         # prefill does (matmul_sgmat.tmpl.wgsl), so the GPU can be checked against it tightly.
         self.activations = activations
         self.f16_activation_min_tokens = int(f16_activation_min_tokens)
+        self.quantize_activations = bool(quantize_activations)
+        # Weights loaded from INT_DOT_TYPES tensors (by id, the array kept weakly), whose
+        # one-token products read quantized activations when quantize_activations is on.
+        self._int_dot_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._tile = np.empty(0, dtype=np.float32)  # the f16 path's float32 tile, grown once
         self._scratch = np.empty(0, dtype=np.uint32)
 
@@ -155,7 +182,10 @@ class NumpyOps:
             arrays = [_as_f16(p, name) for p in parts]  # the lower-memory mode's weight matrices
         else:
             arrays = [_as_f32(p) for p in parts]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        out = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        if all(isinstance(p, QuantTensor) and p.ggml_type in INT_DOT_TYPES for p in parts) and out.ndim == 2:
+            self._int_dot_weights[id(out)] = out
+        return out
 
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> NumpyKVCache:
         return NumpyKVCache(num_layers, num_kv_heads, head_dim, capacity)
@@ -182,6 +212,8 @@ class NumpyOps:
     ) -> np.ndarray:
         if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
             x = x.astype(np.float16).astype(np.float32)
+        if self.quantize_activations and x.shape[0] == 1 and self._int_dot_weights.get(id(weight)) is weight:
+            x = quantize_activations(x)
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,
         # 2-3x faster at 2-8 rows and no slower for one row or a long prompt.

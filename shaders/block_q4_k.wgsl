@@ -4,6 +4,59 @@
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
+// #if idot
+// The integer-dot decoder (matvec_dot.tmpl.wgsl, which defines xq / xd / xs): a chunk is qs vec4
+// c % 8 = 2 j + h of block c / 8, 32 values: the low nibbles are values 64 j + 16 h .. + 15 of
+// sub-block 2 j (x vec4 4 j + h of the block), the high ones the same of sub-block 2 j + 1 (x vec4
+// 4 j + h + 2). Its sum is d (sc_lo dx_lo ilo + sc_hi dx_hi ihi) - dmin (m_lo dx_lo slo + ...):
+// ilo the integer dot of the low nibbles with the quantized x, slo the sum of those x quants.
+@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;  // qs, 8 vec4 per block
+@group(0) @binding(3) var<storage, read> w_b: array<vec4<u32>>;  // (d, dmin), 12 scale bytes
+
+const CHUNK: u32 = 32u;
+
+struct XC {
+    lo: vec4<u32>,
+    hi: vec4<u32>,
+    d_lo: f32,
+    d_hi: f32,
+    s_lo: f32,  // d_lo times the sum of the low half's x quants
+    s_hi: f32,
+}
+
+fn x_chunk(c: u32) -> XC {
+    let p = c % 8u;
+    let v = (c / 8u) * 16u + 4u * (p / 2u) + p % 2u;
+    let b = (c / 8u) * 8u + 2u * (p / 2u);
+    let d_lo = xd[b];
+    let d_hi = xd[b + 1u];
+    return XC(xq[v], xq[v + 2u], d_lo, d_hi, d_lo * f32(xs[v]), d_hi * f32(xs[v + 2u]));
+}
+
+fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+    let nb = params.cols / 256u;
+    let q = w_a[row * (nb * 8u) + c];
+    let sb = w_b[row * nb + c / 8u];
+    // The 6-bit (sc, m) of sub-blocks 2 j and 2 j + 1, two bytes each (GGUF get_scale_min_k4).
+    let j = (c % 8u) / 2u;
+    let sh = 16u * (j & 1u);
+    let b0 = sb.y >> sh;
+    let b4 = sb.z >> sh;
+    let b8 = sb.w >> sh;
+    let high = j >= 2u;
+    let sc = select(b0 & 0x3F3Fu, (b8 & 0x0F0Fu) | ((b0 >> 2u) & 0x3030u), high);
+    let mn = select(b4 & 0x3F3Fu, ((b8 >> 4u) & 0x0F0Fu) | ((b4 >> 2u) & 0x3030u), high);
+    let m4 = vec4<u32>(0x0F0F0F0Fu);
+    let lo = q & m4;
+    let hi = (q >> vec4<u32>(4u)) & m4;
+    let ilo = dot4I8Packed(lo.x, xc.lo.x) + dot4I8Packed(lo.y, xc.lo.y) + dot4I8Packed(lo.z, xc.lo.z) + dot4I8Packed(lo.w, xc.lo.w);
+    let ihi = dot4I8Packed(hi.x, xc.hi.x) + dot4I8Packed(hi.y, xc.hi.y) + dot4I8Packed(hi.z, xc.hi.z) + dot4I8Packed(hi.w, xc.hi.w);
+    let dd = unpack2x16float(sb.x);
+    let sums = f32(i32(sc & 0xFFu) * ilo) * xc.d_lo + f32(i32(sc >> 8u) * ihi) * xc.d_hi;
+    let mins = f32(mn & 0xFFu) * xc.s_lo + f32(mn >> 8u) * xc.s_hi;
+    return dd.x * sums - dd.y * mins;
+}
+// #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
 
@@ -76,3 +129,4 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     return W8(d * vec4<f32>(unpack4xU8((w_a[a] >> shift) & 0x0F0F0F0Fu)) - m,
               d * vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu)) - m);
 }
+// #endif

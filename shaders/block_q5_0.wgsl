@@ -4,6 +4,48 @@
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
+// #if idot
+// The integer-dot decoder (matvec_dot.tmpl.wgsl, which defines xq / xd / xs): a chunk is block c.
+// Its 5-bit quants q (0 .. 31) as bytes: the nibbles of qs word i with qh bits 4 i .. 4 i + 3
+// (values 4 i ..) or 16 + 4 i .. (values 16 + 4 i ..) as bit 4; the sum is
+// d (dx (integer dot of q with x vecs 2 c, 2 c + 1) - 16 dx (sum of the x quants)).
+@group(0) @binding(2) var<storage, read> w_a: array<u32>;  // 5 words per block
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;  // d as f16 pairs
+
+const CHUNK: u32 = 32u;
+
+struct XC {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    d: f32,
+    s: f32,  // d times the sum of the block's x quants
+}
+
+fn x_chunk(c: u32) -> XC {
+    let d = xd[c];
+    return XC(xq[2u * c], xq[2u * c + 1u], d, d * f32(xs[2u * c] + xs[2u * c + 1u]));
+}
+
+// Bits 0 .. 3 of h as bit 4 of bytes 0 .. 3.
+fn fifth_bits(h: u32) -> u32 {
+    return (((h & 15u) * 0x00204081u) & 0x01010101u) << 4u;
+}
+
+fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+    let nb = params.cols / 32u;
+    let base = row * (nb * 5u) + c * 5u;
+    let q = vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]);
+    let qh = w_a[base + 4u];
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + c / 2u])[c & 1u];
+    let m4 = vec4<u32>(0x0F0F0F0Fu);
+    let lo = (q & m4) | vec4<u32>(fifth_bits(qh), fifth_bits(qh >> 4u), fifth_bits(qh >> 8u), fifth_bits(qh >> 12u));
+    let hi = ((q >> vec4<u32>(4u)) & m4)
+           | vec4<u32>(fifth_bits(qh >> 16u), fifth_bits(qh >> 20u), fifth_bits(qh >> 24u), fifth_bits(qh >> 28u));
+    let i = dot4I8Packed(lo.x, xc.a.x) + dot4I8Packed(lo.y, xc.a.y) + dot4I8Packed(lo.z, xc.a.z) + dot4I8Packed(lo.w, xc.a.w)
+          + dot4I8Packed(hi.x, xc.b.x) + dot4I8Packed(hi.y, xc.b.y) + dot4I8Packed(hi.z, xc.b.z) + dot4I8Packed(hi.w, xc.b.w);
+    return d * (xc.d * f32(i) - 16.0 * xc.s);
+}
+// #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
 
@@ -49,3 +91,4 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     let q1 = vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu) | high4(qh >> 4u)) - 16.0;
     return W8(d * q0, d * q1);
 }
+// #endif

@@ -4,6 +4,34 @@
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
+// #if idot
+// The integer-dot decoder (matvec_dot.tmpl.wgsl, which defines xq / xd / xs): a chunk is block c,
+// two vec4 of int8 quants, times x vec4s 2 c and 2 c + 1: d dx (integer dot).
+@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;  // 2 vec4 per block
+@group(0) @binding(3) var<storage, read> w_b: array<u32>;        // d as f16 pairs
+
+const CHUNK: u32 = 32u;
+
+struct XC {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    d: f32,
+}
+
+fn x_chunk(c: u32) -> XC {
+    return XC(xq[2u * c], xq[2u * c + 1u], xd[c]);
+}
+
+fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+    let nb = params.cols / 32u;
+    let a = w_a[row * (nb * 2u) + 2u * c];
+    let b = w_a[row * (nb * 2u) + 2u * c + 1u];
+    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + c / 2u])[c & 1u];
+    let i = dot4I8Packed(a.x, xc.a.x) + dot4I8Packed(a.y, xc.a.y) + dot4I8Packed(a.z, xc.a.z) + dot4I8Packed(a.w, xc.a.w)
+          + dot4I8Packed(b.x, xc.b.x) + dot4I8Packed(b.y, xc.b.y) + dot4I8Packed(b.z, xc.b.z) + dot4I8Packed(b.w, xc.b.w);
+    return d * xc.d * f32(i);
+}
+// #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
 
@@ -44,3 +72,4 @@ fn finish_w8(q: WRaw) -> W8 {
 fn load_w8(row: u32, c8: u32) -> W8 {
     return finish_w8(fetch_w8(row, c8));
 }
+// #endif

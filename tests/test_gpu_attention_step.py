@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kjarni.numpy_ops import NumpyKVCache, NumpyOps
+from kjarni.numpy_ops import NumpyKVCache, NumpyOps, quantize_activations
 from tests.test_gpu_matvec import make_weight
 
 pytestmark = pytest.mark.gpu
@@ -147,5 +147,8 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     assert type(attn) is AttentionPartials
     y = ops.linear(attn, g_w, residual=g_residual)
     assert ops.stats.dispatches - dispatches == 2, "attention_step, then the matvec merging its partials"
-    expected = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt) @ w.T + residual
+    merged = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt)
+    if fmt == "Q8_0":  # the integer-dot product reads x quantized to int8 blocks (matvec_dot.tmpl.wgsl)
+        merged = quantize_activations(merged)
+    expected = merged @ w.T + residual
     np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)

@@ -384,7 +384,9 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
     assert kernel(ops, ops.weight(rand(rng, 40, 64), name="w"), 5) == "linear_f16:matvec_u"
     q8 = WgpuOps(wgpu_context, weight_format="q8_0")
     wq = q8.weight(rand(rng, 40, 64), name="wq")
-    assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "matvec.Q8_0:main"
+    assert wq.formats == ["Q8_0"] and kernel(q8, wq, 1) == "matvec_dot.Q8_0:main"  # integer dot
+    q8.tuning.matvec_int_dot = False
+    assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq1"), 1) == "matvec.Q8_0:main"
     assert {kernel(q8, wq, tokens) for tokens in range(2, q8.tuning.matvec_max_tokens + 1)} == {"linear_q8_0:main_t"}
     q8.tuning.quant_t_min_tokens = q8.tuning.matvec_max_tokens + 1
     assert kernel(q8, q8.weight(rand(rng, 40, 64), name="wq2"), 5) == "linear_q8_0:main"

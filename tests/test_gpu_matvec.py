@@ -30,7 +30,11 @@ def ops(wgpu_context):
 
     if not wgpu_context.has_subgroups:
         pytest.skip("matvec.tmpl.wgsl needs subgroups")
-    return WgpuOps(wgpu_context, weight_format="f32")
+    ops = WgpuOps(wgpu_context, weight_format="f32")
+    # The float template for every format: Q8_0 / Q5_0 / Q4_K otherwise run the integer-dot
+    # product (tests/test_gpu_matvec_dot.py).
+    ops.tuning.matvec_int_dot = False
+    return ops
 
 
 def make_weight(ops, fmt: str, rows: int, cols: int, seed: int):

@@ -417,6 +417,7 @@ def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
     tuning.quant_split_k_min_cols = choice.get("quant_split_k_min_cols")
     tuning.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
                                       for f, r, c, wg, lanes, rr, un in choice.get("matvec_template_configs", [])}
+    tuning.matvec_dot_configs = {(f, r, c): tuple(cfg) for f, r, c, *cfg in choice.get("matvec_dot_configs", [])}
     # tools/sweep_matmul.py's winners: [[rows, cols, TM, TN, BK, KSPLIT, NBUF, S], ...]
     tuning.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice.get("matmul_configs", [])}
     return choice

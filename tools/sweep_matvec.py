@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kjarni.gpu import kernels, quant
 from kjarni.gpu.context import WgpuContext
-from kjarni.gpu.linear import LINEAR_KINDS
+from kjarni.gpu.linear import LINEAR_KINDS, Linear
 from kjarni.gpu.step import fold
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.params import (
@@ -71,6 +71,7 @@ from kjarni.gpu.params import (
     LINEAR_RESIDUAL,
     LINEAR_SILU,
 )
+from kjarni.numpy_ops import quantize_activations
 from kjarni.weights import QuantTensor
 
 SHAPES = {  # name: (rows, cols, flags)
@@ -117,6 +118,19 @@ def mv_configs(cols: int):
             for r in (1, 2, 4):
                 for un in (1, 2):
                     yield wg, lanes, r, un
+
+
+def dot_configs(rows: int, cols: int):
+    """(WG, LANES, R, UN, workgroups at most) of matvec_dot.tmpl.wgsl worth timing."""
+    for lanes in (8, 16, 32):
+        for wg in (128, 256) if lanes == 32 else (128,):
+            for r in (1, 2, 4):
+                for un in (1, 2):
+                    sets = -(-rows // (r * wg // lanes))
+                    for cap in (0, 1024) if sets > 1024 else (0,):
+                        yield wg, lanes, r, un, cap
+
+
 EPS = 1e-6
 
 
@@ -154,6 +168,7 @@ class LinearCase:
     partials: Any
     ref: np.ndarray
     scale: float
+    ref_q: np.ndarray | None = None  # with x quantized as matvec_dot does (int-dot formats)
 
     def groups(self, params, x, y, *, weight: bool = True, bias_residual: bool = True) -> list:
         """One bind group per weight copy (linear family bindings 0 .. 7): ``params``, ``x``, the
@@ -180,6 +195,7 @@ class LinearCase:
 class Bench:
     def __init__(self, args) -> None:
         self.args = args
+        self.model = args.model.split(",")[0]  # whose matrices run_shape is given (main sets it)
         self.ctx = WgpuContext(args.adapter)
         import wgpu
 
@@ -247,7 +263,7 @@ class Bench:
         self.time(pipeline, [group], (1, 1, 1))  # compiles, warms up
         return self.time(pipeline, [group], (1, 1, 1))
 
-    def check(self, case: LinearCase, steps: list) -> float:
+    def check(self, case: LinearCase, steps: list, quantized: bool = False) -> float:
         """Runs ``steps`` once (first copy of the weight) and returns the output's largest error
         against numpy, relative to the largest reference value; then zeroes y, so a later variant
         that writes nothing cannot pass on this one's output."""
@@ -262,7 +278,7 @@ class Bench:
         n = case.rows * case.tokens
         y = np.frombuffer(self.dev.queue.read_buffer(case.y, 0, n * 4), np.float32).reshape(case.tokens, case.rows)
         self.dev.queue.write_buffer(case.y, 0, np.zeros(n, np.float32))
-        return float(np.abs(y - case.ref).max()) / case.scale
+        return float(np.abs(y - (case.ref_q if quantized else case.ref)).max()) / case.scale
 
     def linear_case(self, fmt: str, rows: int, cols: int, tokens: int, flags: int, rng, partial_bytes: int = 0) -> LinearCase:
         """Random inputs of one linear product on the GPU (the weight in as many copies as cycle
@@ -290,18 +306,23 @@ class Bench:
         xv = x[:, :cols]
         if silu:
             xv = xv / (1.0 + np.exp(-xv)) * x[:, cols:]
-        ref = (xv * nw if flags & LINEAR_NORM else xv) @ dense.T
-        if flags & LINEAR_NORM:
-            ref = ref / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + EPS)
-        if flags & LINEAR_BIAS:
-            ref = ref + bias
-        if flags & LINEAR_RESIDUAL:
-            ref = ref + residual
+        refs = []
+        for quantized in (False, True) if kernels.has_template("matvec_dot", fmt.upper()) else (False,):
+            v = xv * nw if flags & LINEAR_NORM else xv
+            ref = (quantize_activations(v) if quantized else v) @ dense.T
+            if flags & LINEAR_NORM:
+                ref = ref / np.sqrt(np.mean(xv * xv, axis=1, keepdims=True) + EPS)
+            if flags & LINEAR_BIAS:
+                ref = ref + bias
+            if flags & LINEAR_RESIDUAL:
+                ref = ref + residual
+            refs.append(ref)
+        ref = refs[0]
         return LinearCase(
             self, rows, cols, tokens, copies, nbytes, (wa, sa), (wb, sb), self.buffer(x)[0], self.buffer(bias)[0],
             self.buffer(residual)[0], self.buffer(nw)[0], self.dev.create_buffer(size=max(256, rows * tokens * 4), usage=usage),
             self.dev.create_buffer(size=max(256, partial_bytes), usage=usage) if partial_bytes else None,
-            ref, float(np.abs(ref).max()) + 1e-6,
+            ref, float(np.abs(ref).max()) + 1e-6, refs[1] if len(refs) > 1 else None,
         )
 
     def run_shape(self, name: str, fmt: str, rows: int, cols: int, flags: int, rng) -> list[dict]:
@@ -317,15 +338,15 @@ class Bench:
             if families is not None and label.split()[0] not in families:
                 continue
             try:
-                err = self.check(case, [(pipeline, groups, grid)])
+                err = self.check(case, [(pipeline, groups, grid)], quantized=label.startswith("dot"))
                 sec = self.time(pipeline, groups, grid)
-                results.append({"shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
+                results.append({"model": self.model, "shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
                                 "gb_s": round(case.nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
                                 "grid": list(grid)})
                 if tokens > 1:
                     results[-1]["ops"] = label == picked
             except Exception as exc:  # noqa: BLE001 (a variant that fails to compile must not end the sweep)
-                results.append({"shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
+                results.append({"model": self.model, "shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
         return results
 
@@ -335,6 +356,25 @@ class Bench:
         chunks = -(-cols // 8)
         quads = range(1, max(1, min(3, -(-tokens // 4))) + 1)  # token quads (tiles) a pass can use
         fmt_name = fmt if fmt in ("f16", "f32") else fmt.upper()
+        plain = Linear(ctx, GpuTuning())
+        default = plain.matvec_config(fmt_name, rows, cols)
+        if default is not None:  # what kjarni ran before the integer-dot product (and still runs for f16)
+            wg, lanes, r, un = default
+            p = ctx.pipeline("matvec." + fmt_name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "R": r, "UN": un},
+                             source=lambda f=fmt_name: kernels.template("matvec", f))
+            yield f"mv0 WG={wg} L={lanes} R={r} UN={un}", p, fold(-(-rows // (r * wg // lanes)))
+        if tokens == 1 and plain.matvec_dot_config(fmt_name, rows, cols) is not None:
+            default = plain.matvec_dot_config(fmt_name, rows, cols)
+            for config in [*dot_configs(rows, cols), ("u", *default)]:
+                unchecked = config[0] == "u"
+                wg, lanes, r, un, cap = config[1:] if unchecked else config
+                constants = {"WG": wg, "LANES": lanes, "R": r, "UN": un, "XV": cols // 16}
+                p = ctx.pipeline("matvec_dot." + fmt_name, LINEAR_KINDS, flags=("idot",), constants=constants,
+                                 source=lambda f=fmt_name: kernels.template("matvec_dot", f, frozenset({"idot"})),
+                                 unchecked=unchecked)
+                sets = -(-rows // (r * wg // lanes))
+                yield (f"dot{'u' if unchecked else ''} WG={wg} L={lanes} R={r} UN={un} G={cap}", p,
+                       fold(min(sets, cap) if cap else sets))
         for wg, lanes, r, un in mv_configs(cols):
             p = ctx.pipeline("matvec." + fmt_name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "R": r, "UN": un},
                              source=lambda f=fmt_name: kernels.template("matvec", f))
@@ -424,7 +464,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapter", default=None)
     parser.add_argument("--formats", default="f16,q8_0,q5_0,q4_k")
-    parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS), help="whose decode matrices")
+    parser.add_argument("--model", default="qwen2.5-0.5b", help=f"whose decode matrices, comma-separated: {', '.join(sorted(MODELS))}")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="names of --model's matrices (all by default)")
     parser.add_argument("--tokens", type=int, default=1, help="tokens per product (> 1: also matvec_t / main_t)")
     parser.add_argument("--variants", default=None, help="only these label families, e.g. t,u (f16: sg wg u t; quantized: sg sgfold split t)")
@@ -445,51 +485,74 @@ def main() -> None:
         args.reps, args.passes, args.max_copies = 3, 1, 2
     bench = Bench(args)
     rng = np.random.default_rng(0)
-    SHAPES.clear()
-    SHAPES.update(MODELS[args.model])
+    models = args.model.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"--model {','.join(unknown)}: not one of {', '.join(sorted(MODELS))}")
+    if args.tokens > 1 and len(models) > 1:
+        parser.error("--tokens N > 1 takes one --model")
     empty = bench.empty_dispatch()
     report = {"adapter": bench.ctx.description, "model": args.model, "tokens": args.tokens,
               "empty_dispatch_us": round(empty * 1e6, 2), "results": []}
     print(f"# empty dependent dispatch: {empty * 1e6:.2f} us", file=sys.stderr, flush=True)
-    for name in args.shapes.split(","):
-        rows, cols, flags = SHAPES[name]
-        if args.quick:
-            rows = min(rows, 512)
-        for fmt in args.formats.split(","):
-            if fmt == "q4_k" and cols % 256:
+    for model in models:
+        SHAPES.clear()
+        SHAPES.update(MODELS[model])
+        bench.model = model
+        for name in args.shapes.split(","):
+            if name not in SHAPES:
                 continue
-            t0 = time.perf_counter()
-            report["results"].extend(bench.run_shape(name, fmt, rows, cols, flags, rng))
-            print(f"# {name} {fmt}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps(report, indent=1))
-    best = {}
+            rows, cols, flags = SHAPES[name]
+            if args.quick:
+                rows = min(rows, 512)
+            for fmt in args.formats.split(","):
+                if fmt == "q4_k" and cols % 256:
+                    continue
+                t0 = time.perf_counter()
+                for r in bench.run_shape(name, fmt, rows, cols, flags, rng):
+                    report["results"].append({**r, "rows": rows, "cols": cols})
+                print(f"# {model} {name} {fmt}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(report, indent=1))
+    best, family_best = {}, {}
     for r in report["results"]:
         if "gb_s" in r and r["ok"]:
-            k = (r["shape"], r["format"])
+            k = (r["model"], r["shape"], r["format"])
             if k not in best or r["us"] < best[k]["us"]:  # not gb_s: rounded to 0.1, it ties on slow adapters
                 best[k] = r
-    report["best"] = [{"shape": k[0], "format": k[1], "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"],
+            kf = (*k, r["variant"].split()[0])
+            if kf not in family_best or r["us"] < family_best[kf]["us"]:
+                family_best[kf] = r
+    report["best"] = [{"model": k[0], "shape": k[1], "format": k[2], "rows": v["rows"], "cols": v["cols"],
+                       "variant": v["variant"], "us": v["us"], "gb_s": v["gb_s"],
                        "us_over_empty_dispatch": round(v["us"] - report["empty_dispatch_us"], 2)}
                       for k, v in best.items()]
+    # The best of each family (mv0: kjarni's float template as configured before; dot: the
+    # integer-dot product), side by side: the A/B of one call.
+    report["best_by_family"] = [{"model": k[0], "shape": k[1], "format": k[2], "family": k[3], "variant": v["variant"],
+                                 "us": v["us"], "gb_s": v["gb_s"]} for k, v in family_best.items()]
     # GpuTuning.matvec_template_configs from the best matvec.tmpl.wgsl variant per shape and format.
     mv_best = {}
     for r in report["results"]:
         if "gb_s" in r and r["ok"] and r["variant"].startswith("mv "):
-            k = (r["shape"], r["format"])
+            k = (r["model"], r["shape"], r["format"])
             if k not in mv_best or r["us"] < mv_best[k]["us"]:
                 mv_best[k] = r
     report["matvec_template_configs"] = [
-        [f if f in ("f16", "f32") else f.upper(), *SHAPES[s][:2], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
-        for (s, f), v in mv_best.items()]
+        [f if f in ("f16", "f32") else f.upper(), v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
+        for (_, s, f), v in mv_best.items()]
+    # GpuTuning.matvec_dot_configs from the best checked integer-dot variant per shape and format.
+    report["matvec_dot_configs"] = [
+        [f.upper(), v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
+        for (_, s, f, fam), v in family_best.items() if fam == "dot"]
     # What kjarni should pick (GpuTuning.matvec_configs, quant_split_k_min_cols), from the winners.
     configs, split_cols, plain_cols = {}, [], []
     for r in report["best"]:
-        rows, cols, _ = SHAPES[r["shape"]]
+        rows, cols = r["rows"], r["cols"]
         if r["format"] == "f16" and r["variant"].startswith("u "):
             wg, rr, u = (int(part.split("=")[1]) for part in r["variant"].split()[1:])
             configs[f"({rows}, {cols})"] = f"({wg}, {rr}, {u})"
-        elif r["format"] != "f16" and not r["variant"].startswith("mv "):
+        elif r["format"] != "f16" and not r["variant"].startswith(("mv", "dot")):
             (split_cols if r["variant"].startswith("split") else plain_cols).append(cols)
     report["suggest"] = {
         "matvec_configs": "{" + ", ".join(f"{k}: {v}" for k, v in configs.items()) + "}",
@@ -499,10 +562,11 @@ def main() -> None:
         report["suggest"] = suggest_multi(report)
     if args.tuning_out:
         Path(args.tuning_out).write_text(json.dumps({
-            "matvec_configs": [[*SHAPES[r["shape"]][:2], *(int(p.split("=")[1]) for p in r["variant"].split()[1:])]
+            "matvec_configs": [[r["rows"], r["cols"], *(int(p.split("=")[1]) for p in r["variant"].split()[1:])]
                                for r in report["best"] if r["format"] == "f16" and r["variant"].startswith("u ")],
             "quant_split_k_min_cols": report["suggest"]["quant_split_k_min_cols"],
             "matvec_template_configs": report["matvec_template_configs"],
+            "matvec_dot_configs": report["matvec_dot_configs"],
         }))
     if not args.no_prefill:
         cmd = [sys.executable, str(Path(__file__).with_name("bench_gpu.py")), "--prefill-only", "--no-torch",
@@ -520,9 +584,10 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(text)
     print(text)
-    print("BEST:", file=sys.stderr)
-    for b in report["best"]:
-        print(f"  {b['shape']:8s} {b['format']:5s} {b['variant']:26s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s", file=sys.stderr)
+    print("BEST (per family):", file=sys.stderr)
+    for b in report["best_by_family"]:
+        print(f"  {b['model']:13s} {b['shape']:8s} {b['format']:5s} {b['variant']:34s} {b['us']:8.2f} us {b['gb_s']:7.1f} GB/s",
+              file=sys.stderr)
     print(f"  (empty dependent dispatch: {report['empty_dispatch_us']} us)", file=sys.stderr)
     if args.tokens > 1:
         print(f"{args.tokens} TOKENS: the best matvec_t / main_t, the best per-token kernel, WgpuOps' pick:", file=sys.stderr)

@@ -229,6 +229,9 @@ def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int)
 
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
+    # an `idot` side (render with the flag "idot").
+    "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in ("Q8_0", "Q5_0", "Q4_K")},
     # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
     # decoder); the others' load_w8 is used whole (matmul_w_direct.wgsl).
     "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}

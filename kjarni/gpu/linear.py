@@ -205,6 +205,23 @@ class Linear:
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
             pipeline = template_pipeline(ctx, "matmul", seg.format, LINEAR_KINDS, constants)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
+        dot = self.matvec_dot_config(seg.format, seg.rows, cols) if tokens == 1 else None
+        if dot is not None:
+            # One token, Q8_0 / Q5_0 / Q4_K: matvec_dot.tmpl.wgsl, x quantized to int8 per workgroup.
+            threads, lanes, r, un, cap = dot
+            fmt = seg.format
+            variant = frozenset({"idot", "attn"}) if attn else frozenset({"idot"})
+
+            def source_dot() -> str:
+                return kernels.template("matvec_dot", fmt, variant)
+
+            constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "XV": cols // 16}
+            if attn:
+                constants.update(SPLITS=attn[0], HD4=attn[1])
+            pipeline = ctx.pipeline("matvec_dot." + fmt, LINEAR_KINDS, flags=tuple(variant), constants=constants,
+                                    source=source_dot, unchecked=tuning.matvec_dot_unchecked)
+            sets = -(-seg.rows // (r * threads // lanes))
+            return pipeline, params, fold(min(sets, cap) if cap else sets)
         config = self.matvec_config(seg.format, seg.rows, cols) if tokens == 1 else None
         if config is not None:
             # One token (decode): matvec.tmpl.wgsl rendered for the format (its block decoder).
@@ -309,6 +326,23 @@ class Linear:
         if rows >= 4096:
             return 128, 32, 4, 2
         return 128, 64, 1, 2
+
+    def matvec_dot_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
+        """(WG, LANES, R, UN, workgroups at most or 0) of matvec_dot.tmpl.wgsl for a one-token
+        product of a ``rows`` x ``cols`` segment in ``fmt``, or None where it does not apply
+        (``matvec_int_dot`` off, no subgroups, a format without an integer-dot decoder, or x's
+        22 bytes per 16 columns past the device's workgroup memory): ``matvec_dot_configs`` first
+        (from tools/sweep_matvec.py), else 128 threads in groups of 16 lanes (32 past 2048
+        columns) on 2 rows, 2 chunks a trip, at most 1024 workgroups (each quantizes x once)."""
+        tuning = self.tuning
+        if not (tuning.matvec_int_dot and self.context.has_subgroups and kernels.has_template("matvec_dot", fmt)):
+            return None
+        if cols % (256 if fmt == "Q4_K" else 32) or 22 * (cols // 16) + 2304 > self.context.max_workgroup_storage:
+            return None
+        config = tuning.matvec_dot_configs.get((fmt, rows, cols))
+        if config is not None:
+            return config
+        return 128, 32 if cols > 2048 else 16, 2, 2, 1024
 
     def uses_matmul(self, seg: Segment, tokens: int) -> bool:
         return tokens > self.tuning.matvec_max_tokens and kernels.has_template("matmul", seg.format)

@@ -87,6 +87,15 @@ class GpuTuning:
     matvec_template_configs: dict[tuple[str, int, int], tuple[int, int, int, int]] = field(default_factory=dict)
     """Per (format, segment rows, cols): (WG, LANES, R, UN) of matvec.tmpl.wgsl from
     tools/sweep_matvec.py, else `linear.matvec_config`'s defaults."""
+    matvec_int_dot: bool = True
+    """One-token products by Q8_0, Q5_0 and Q4_K weights run matvec_dot.tmpl.wgsl: x quantized to
+    int8 blocks of 32 in each workgroup, dot4I8Packed against the quants (False: matvec.tmpl.wgsl
+    in float32, to compare; NumpyOps(quantize_activations=True) is the reference of the first)."""
+    matvec_dot_configs: dict[tuple[str, int, int], tuple[int, int, int, int, int]] = field(default_factory=dict)
+    """Per (format, segment rows, cols): (WG, LANES, R, UN, workgroups at most, 0 = one per row
+    set) of matvec_dot.tmpl.wgsl from tools/sweep_matvec.py, else `Linear.matvec_dot_config`'s rules."""
+    matvec_dot_unchecked: bool = False
+    """Compile matvec_dot without naga's runtime index checks (it clamps its rows itself)."""
     matvec_rows: int = 4
     """Rows per workgroup of linear_body's plain ``matvec``."""
     matvec_max_threads: int = 256
