@@ -11,7 +11,7 @@ The first runs the real Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0
 ``kjarni generate`` does for a new user. Both models must be in the cache (``kjarni pull``).
 
 The second builds random weights of the Qwen2.5-1.5B (target) and 0.5B (draft) shapes on the GPU
-(f16), made so that the draft agrees with the target at a known rate (``agreeing_pair``): the
+(f16), made so that the draft agrees with the target at a known rate (``successor_model``): the
 layers' output projections are scaled down to 1e-3 so the residual stream keeps its token's
 embedding, and the LM head maps each token's embedding to the row of a fixed random successor
 ``f(x)``; the draft has its own embeddings and the successor ``f(pi(x))``, where ``pi`` moves a
@@ -20,7 +20,11 @@ token is right exactly where ``x`` is not moved, so the acceptance is ``rate`` u
 the walk happens to visit (the measured acceptance is reported). The shapes, dtypes and kernels
 are those of the real models, so the timings are (the LM heads are untied: same bytes read per
 step as the tied ones). ``--rates`` stand in for prose and code: the numpy mode measures about
-0.73 and 1.0 on the real pair.
+0.73 and 1.0 on the real pair. The target does not depend on the rate and is built once; each
+rate builds its draft on its own ``WgpuOps`` of the same device (as the builder loads one). The
+weights are views of pools of random f16 values (``RandomPool``), so a build costs about the
+upload. A JSON line per rate (``default_speedup``, ``best_fixed_speedup``) goes to stdout as
+soon as the rate is done, the full report at the end; one line per run goes to stderr.
 
 For every prompt (or rate) the variants run interleaved, ``--repeats`` times: plain, the
 defaults (``num_draft_tokens=None``), then each fixed length in ``--ks``; greedy outputs are
@@ -137,57 +141,80 @@ def bench_numpy(args) -> dict:
 # ---------------------------------------------------------------- GPU, random weights agreeing at a known rate
 
 
-def agreeing_pair(target_shape: str, draft_shape: str, rate: float, ops, seed: int = 0):
-    """(target, draft) DecoderModels of random weights where greedy drafts are right at ``rate``.
+class RandomPool:
+    """Random f16-representable float32 values, made once: every random matrix is a view of it at
+    its own offset, so building a 1.5B model costs the upload's one f32 -> f16 pass, not a normal
+    draw and two conversions per weight (bench_gpu's RandomWeights: about 130 s a pair on the
+    H200's host). Uniform values of the given std: the timings do not depend on the distribution."""
 
-    See the module docstring: embeddings E (std 1), layer output projections scaled to 1e-3, LM
-    head row v = E[f^-1(v)] for a random permutation f; the draft's successor is f(pi(x)) with
-    pi a cycle over a random ``1 - rate`` of the vocabulary.
-    """
-    from bench_gpu import SHAPES, RandomWeights
+    def __init__(self, size: int, std: float, seed: int) -> None:
+        rng, self.values = np.random.default_rng(seed), np.empty(size, dtype=np.float32)
+        for i in range(0, size, 1 << 24):  # chunked: no float64 temporary of the whole pool
+            chunk = rng.random(min(1 << 24, size - i), dtype=np.float32)
+            self.values[i : i + len(chunk)] = ((chunk - 0.5) * np.float32(std * 12**0.5)).astype(np.float16)
+        self._rng = rng
 
-    from kjarni.model_config import ModelConfig
-    from kjarni.model import DecoderModel
+    def view(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape))
+        offset = int(self._rng.integers(0, len(self.values) - size + 1))
+        return self.values[offset : offset + size].reshape(shape)
 
-    vocab = SHAPES[target_shape]["vocab_size"]
+
+def successors(vocab: int, rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(f, f o pi): the target's successor permutation and the draft's, which differs from it on
+    a random ``1 - rate`` of the vocabulary (pi: a cycle over them). f does not depend on ``rate``."""
     rng = np.random.default_rng(seed)
     successor = rng.permutation(vocab)  # f
     moved = rng.choice(vocab, size=int(round((1 - rate) * vocab)), replace=False)
     pi = np.arange(vocab)
     pi[moved] = np.roll(moved, 1)  # a derangement of the moved tokens
-    draft_successor = successor[pi]  # f(pi(x))
+    return successor, successor[pi]
 
-    def model(shape: str, f: np.ndarray, model_seed: int):
-        config = dict(SHAPES[shape], tie_word_embeddings=False, rms_norm_eps=1e-6)
-        weights = _SuccessorWeights(config, f, model_seed)
-        return DecoderModel(ModelConfig.from_dict(config), weights, ops)
+
+def successor_model(shape: str, f: np.ndarray, ops, seed: int, pools: dict):
+    """A DecoderModel of ``shape`` with random weights whose greedy walk is ``x -> f(x)``: embeddings
+    E (std 1), layer output projections at 1e-3 of the others, LM head row v = E[f^-1(v)]."""
+    from bench_gpu import SHAPES, RandomWeights
+
+    from kjarni.model_config import ModelConfig
+    from kjarni.model import DecoderModel
+
+    config = dict(SHAPES[shape], tie_word_embeddings=False, rms_norm_eps=1e-6)
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
 
     class _SuccessorWeights(RandomWeights):
-        def __init__(self, config, f, model_seed):
-            super().__init__(config, "f16")
-            self.shapes["lm_head.weight"] = (vocab, config["hidden_size"])
-            self._f, self._seed, self._embed = f, model_seed, None
-
         def raw(self, name):
-            if name in ("model.embed_tokens.weight", "lm_head.weight"):
-                if self._embed is None:
-                    e = np.random.default_rng(self._seed).standard_normal(self.shapes["model.embed_tokens.weight"],
-                                                                          dtype=np.float32)
-                    self._embed = e.astype(np.float16).astype(np.float32)
-                if name == "model.embed_tokens.weight":
-                    return self._embed
-                inverse = np.empty_like(self._f)
-                inverse[self._f] = np.arange(len(self._f))
-                return self._embed[inverse]  # row v = E[f^-1(v)]: E[x] scores highest at v = f(x)
-            w = super().raw(name)
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                w = (w * 1e-3).astype(np.float16).astype(np.float32)
-            return w
+            shape = self.shapes[name]
+            if name == "model.embed_tokens.weight":
+                return embed
+            if name == "lm_head.weight":
+                inverse = np.empty_like(f)
+                inverse[f] = np.arange(len(f))
+                return embed[inverse]  # row v = E[f^-1(v)]: E[x] scores highest at v = f(x)
+            if len(shape) == 1:
+                return super().raw(name)
+            return pools["small" if name.endswith(("o_proj.weight", "down_proj.weight")) else "matrix"].view(shape)
 
-    return model(target_shape, successor, seed + 1), model(draft_shape, draft_successor, seed + 2)
+    weights = _SuccessorWeights(config, "f16")
+    weights.shapes["lm_head.weight"] = (vocab, hidden)
+    embed = pools["embed"].view((vocab, hidden))
+    return DecoderModel(ModelConfig.from_dict(config), weights, ops)
+
+
+def random_pools(target_shape: str, seed: int = 0) -> dict:
+    """The pools the pair's weights are views of: embeddings (std 1, room for the target's table
+    at many offsets), matrices (std 0.02) and the output projections (std 2e-5)."""
+    from bench_gpu import SHAPES
+
+    c = SHAPES[target_shape]
+    largest = max(c["intermediate_size"], 3 * c["hidden_size"]) * c["hidden_size"]
+    return {"embed": RandomPool(c["vocab_size"] * c["hidden_size"] + (1 << 24), 1.0, seed + 1),
+            "matrix": RandomPool(2 * largest, 0.02, seed + 2), "small": RandomPool(2 * largest, 2e-5, seed + 3)}
 
 
 def bench_random_gpu(args) -> dict:
+    from bench_gpu import SHAPES
+
     from kjarni.stream import GenerationParams
     from kjarni.gpu import WgpuContext, WgpuOps
 
@@ -211,14 +238,24 @@ def bench_random_gpu(args) -> dict:
             return b"x"
 
     params = GenerationParams(max_tokens=args.tokens, temperature=0)
-    for rate in (float(r) for r in args.rates.split(",")):
+    rates = [float(r) for r in args.rates.split(",")]
+    # The target does not depend on the rate: build it once; each rate gets its own draft on its
+    # own WgpuOps (as the builder loads a draft), freed before the next.
+    t0 = time.perf_counter()
+    pools = random_pools(target_shape)
+    vocab = SHAPES[target_shape]["vocab_size"]
+    f, _ = successors(vocab, rates[0])
+    target = successor_model(target_shape, f, WgpuOps(ctx, weight_format="f16"), 1, pools)
+    report["target_build_seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps({"target_build_seconds": report["target_build_seconds"]}), flush=True)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, target.config.vocab_size, args.context)]
+    tokenizer = _Ids()
+    tokenizer.vocab_size = target.config.vocab_size
+    for rate in rates:
         t0 = time.perf_counter()
-        ops = WgpuOps(ctx, weight_format="f16")
-        target, draft = agreeing_pair(target_shape, draft_shape, rate, ops)
+        draft_ops = WgpuOps(ctx, weight_format="f16")
+        draft = successor_model(draft_shape, successors(vocab, rate)[1], draft_ops, 2, pools)
         build_seconds = time.perf_counter() - t0
-        prompt = [int(t) for t in np.random.default_rng(1).integers(0, target.config.vocab_size, args.context)]
-        tokenizer = _Ids()
-        tokenizer.vocab_size = target.config.vocab_size
         # Warm-up: every pipeline plain decoding and each verify length use.
         for k in [None] + args.ks:
             generate(target, tokenizer, prompt, GenerationParams(max_tokens=12, temperature=0), draft=draft,
@@ -228,9 +265,14 @@ def bench_random_gpu(args) -> dict:
                                sys.stderr)
         summary["build_seconds"] = round(build_seconds, 1)
         report["rates"][str(rate)] = summary
+        print(json.dumps({"rate": rate, "default_speedup": summary["default_speedup"],
+                          "best_fixed": summary["best_fixed"], "best_fixed_speedup": summary["best_fixed_speedup"],
+                          "plain_decode_tokens_per_second": summary["plain_decode_tokens_per_second"],
+                          "build_seconds": summary["build_seconds"]}), flush=True)
         if args.out:
             Path(args.out).write_text(json.dumps(report, indent=1))
-        del target, draft, ops
+        del draft
+        draft_ops.close()
     return report
 
 
