@@ -6,7 +6,6 @@
 // Needs cols % 4 == 0. Grid: (tokens, 1, 1), 256 threads.
 
 enable f16;
-enable subgroups;
 
 // #include linear_structs.wgsl
 

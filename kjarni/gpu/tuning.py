@@ -57,12 +57,13 @@ class GpuTuning:
 
     # ---------------------------------------------------------------- linear: tensor cores
     tensor_cores: bool = False
-    """matmul_sgmat.tmpl.wgsl (f16 x f16, f32 sums) for the prefill of f16 segments where the device
-    has an f16 subgroup-matrix configuration (Dawn). Off: the one H200 measurement found it no
-    faster than the SIMT kernels (docs/benchmarks.md)."""
+    """Tensor cores (f16 x f16, f32 sums) for the prefill of f16 segments where the device has an
+    f16 subgroup-matrix configuration (Dawn): matmul_tc.tmpl.wgsl, or matmul_sgmat.tmpl.wgsl for the
+    shapes of ``sgmat_tiles``. Off: matmul_tc has not yet run correctly on a GPU, and the first
+    kernel was no better than 1.6x the SIMT one (docs/benchmarks.md, sixth session)."""
     tc_tile: tuple[int, int, int, int, int, int] | None = (4, 2, 2, 2, 2, 0)
     """matmul_tc.tmpl.wgsl's tile (TM, TN, SM, SN, KU, SHARED) of kernels.TC_TILES for shapes not in
-    ``tc_tiles``."""
+    ``tc_tiles`` (not measured: 2 x 2 subgroups of 4 x 2 matrices, operands from storage)."""
     tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
     """Per (segment rows, cols): a matmul_tc tile, or None for the SIMT kernel (tools/sweep_sgmat.py)."""
     tc_splits: int | None = None
