@@ -348,11 +348,11 @@ class Linear:
         return tokens > self.tuning.matvec_max_tokens and kernels.has_template("matmul", seg.format)
 
     def sgmat_tile(self, seg: Segment, tokens: int, cols: int) -> tuple[int, int, int, int, int] | None:
-        """(BM, BN, BK, SM, SN) of the tensor-core matmul for this prefill product, or None for the
-        SIMT kernels: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on (off by
-        default) and a device with an f16 subgroup-matrix configuration, ``cols`` a multiple of BK.
-        Tiles: ``sgmat_tiles`` per (rows, cols) (None there: SIMT), else 64 x 128 where that makes
-        at least 2 waves of 132 workgroups, else 64 x 64."""
+        """(BM, BN, BK, SM, SN) of the first tensor-core matmul (matmul_sgmat) for this prefill
+        product, or None: f16 weights, more than ``matvec_max_tokens`` tokens, ``tensor_cores`` on
+        (off by default), a device with an f16 subgroup-matrix configuration, and a tile named for
+        the shape in ``sgmat_tiles`` with ``cols`` a multiple of its BK (other shapes: matmul_tc
+        where `tc_tile` allows, else SIMT)."""
         tuning = self.tuning
         sg = self.context.f16_matrix_subgroup
         if not (tuning.tensor_cores and sg and seg.format == "f16" and tokens > tuning.matvec_max_tokens):
