@@ -413,13 +413,19 @@ def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
     """Set the matvec and matmul choices of ``tuning`` from a sweep's JSON: [[rows, cols, threads,
     rows_per_wg, chunks], ...] and the like."""
     choice = json.loads(Path(path).read_text())
-    tuning.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in choice.get("matvec_configs", [])}
-    tuning.quant_split_k_min_cols = choice.get("quant_split_k_min_cols")
-    tuning.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
-                                      for f, r, c, wg, lanes, rr, un in choice.get("matvec_template_configs", [])}
-    tuning.matvec_dot_configs = {(f, r, c): tuple(cfg) for f, r, c, *cfg in choice.get("matvec_dot_configs", [])}
+    # Only the keys the file has: a matvec sweep's file leaves the prefill matmul's choices alone.
+    if "matvec_configs" in choice:
+        tuning.matvec_configs = {(r, c): (t, rr, u) for r, c, t, rr, u in choice["matvec_configs"]}
+    if "quant_split_k_min_cols" in choice:
+        tuning.quant_split_k_min_cols = choice["quant_split_k_min_cols"]
+    if "matvec_template_configs" in choice:
+        tuning.matvec_template_configs = {(f, r, c): (wg, lanes, rr, un)
+                                          for f, r, c, wg, lanes, rr, un in choice["matvec_template_configs"]}
+    if "matvec_dot_configs" in choice:
+        tuning.matvec_dot_configs = {(f, r, c): tuple(cfg) for f, r, c, *cfg in choice["matvec_dot_configs"]}
     # tools/sweep_matmul.py's winners: [[rows, cols, TM, TN, BK, KSPLIT, NBUF, S], ...]
-    tuning.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice.get("matmul_configs", [])}
+    if "matmul_configs" in choice:
+        tuning.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice["matmul_configs"]}
     return choice
 
 
