@@ -8,7 +8,16 @@ queries around one compute pass of ``--reps`` back-to-back dispatches (median of
 passes). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
 decode step reads every layer's weights once. Every variant's output is checked against numpy.
 
-Variants (shaders/matvec.tmpl.wgsl, shaders/linear_body.wgsl, shaders/linear_q*.wgsl):
+Variants (shaders/matvec.tmpl.wgsl, shaders/matvec_dot.tmpl.wgsl, shaders/linear_body.wgsl,
+shaders/linear_q*.wgsl):
+- every format ``mv0 ...``: matvec.tmpl.wgsl in the configuration `Linear.matvec_config` picks (what
+  f16 runs, and what the quantized formats ran before the integer-dot product: the A/B baseline).
+- Q8_0, Q5_0, Q4_K ``dot WG=w L=l R=r UN=u G=g``: matvec_dot.tmpl.wgsl (x quantized to int8 in each
+  workgroup, dot4I8Packed; g = workgroups at most, 0 = one per row set), checked against numpy with
+  x quantized the same way; ``dotc`` / ``dotu``: kjarni's configuration for the shape compiled with /
+  without naga's runtime checks (the other setting of GpuTuning.matvec_dot_unchecked). The report's
+  ``matvec_dot_configs`` (and ``--tuning-out``) lists the best ``dot`` per (shape, format);
+  ``best_by_family`` puts each family's best side by side.
 - every format ``mv WG=w L=l R=r UN=u``: the decode template (w threads in row groups of l lanes,
   r rows a group, u units a trip); the report's ``matvec_template_configs`` lists the best per
   (shape, format) as GpuTuning.matvec_template_configs takes them (``--tuning-out`` writes them too).
@@ -34,7 +43,10 @@ records ``"tokens"`` and ``"suggest"`` names the matvec_t / main_t settings of t
 (``--tuning-out`` is for one token only). ``--variants t,u`` keeps only the variants whose label
 starts with one of the given words (families: f16 sg, wg, u, t; quantized sg, sgfold, split, t).
 
-``--model`` picks whose decode matrices (Qwen2.5-0.5B by default, Qwen2.5-1.5B, SmolLM2-135M).
+``--model`` picks whose decode matrices (Qwen2.5-0.5B by default, Qwen2.5-1.5B, SmolLM2-135M; a
+comma-separated list sweeps several in one run, each result naming its model, rows and cols).
+Small kernels time slow when the GPU idles between variants (its clock drops while pipelines
+compile): rank configurations here, and trust bench_gpu's per-kernel figures inside a step.
 The report starts with ``empty_dispatch_us``, one dispatch of an empty one-workgroup kernel in a
 chain of dependent dispatches: the floor of the small shapes (``us_over_empty_dispatch`` per best).
 
@@ -364,17 +376,19 @@ class Bench:
                              source=lambda f=fmt_name: kernels.template("matvec", f))
             yield f"mv0 WG={wg} L={lanes} R={r} UN={un}", p, fold(-(-rows // (r * wg // lanes)))
         if tokens == 1 and plain.matvec_dot_config(fmt_name, rows, cols) is not None:
+            # dot: compiled as kjarni does (GpuTuning.matvec_dot_unchecked); dotc / dotu: kjarni's
+            # configuration for the shape compiled with naga's runtime checks / without them.
             default = plain.matvec_dot_config(fmt_name, rows, cols)
-            for config in [*dot_configs(rows, cols), ("u", *default)]:
-                unchecked = config[0] == "u"
-                wg, lanes, r, un, cap = config[1:] if unchecked else config
+            other = "dotc" if DEFAULTS.matvec_dot_unchecked else "dotu"
+            for config in [*(("dot", *c) for c in dot_configs(rows, cols)), (other, *default)]:
+                family, wg, lanes, r, un, cap = config
+                unchecked = DEFAULTS.matvec_dot_unchecked if family == "dot" else family == "dotu"
                 constants = {"WG": wg, "LANES": lanes, "R": r, "UN": un, "XV": cols // 16}
                 p = ctx.pipeline("matvec_dot." + fmt_name, LINEAR_KINDS, flags=("idot",), constants=constants,
                                  source=lambda f=fmt_name: kernels.template("matvec_dot", f, frozenset({"idot"})),
                                  unchecked=unchecked)
                 sets = -(-rows // (r * wg // lanes))
-                yield (f"dot{'u' if unchecked else ''} WG={wg} L={lanes} R={r} UN={un} G={cap}", p,
-                       fold(min(sets, cap) if cap else sets))
+                yield f"{family} WG={wg} L={lanes} R={r} UN={un} G={cap}", p, fold(min(sets, cap) if cap else sets)
         for wg, lanes, r, un in mv_configs(cols):
             p = ctx.pipeline("matvec." + fmt_name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "R": r, "UN": un},
                              source=lambda f=fmt_name: kernels.template("matvec", f))

@@ -332,8 +332,11 @@ class Linear:
         product of a ``rows`` x ``cols`` segment in ``fmt``, or None where it does not apply
         (``matvec_int_dot`` off, no subgroups, a format without an integer-dot decoder, or x's
         22 bytes per 16 columns past the device's workgroup memory): ``matvec_dot_configs`` first
-        (from tools/sweep_matvec.py), else 128 threads in groups of 16 lanes (32 past 2048
-        columns) on 2 rows, 2 chunks a trip, at most 1024 workgroups (each quantizes x once)."""
+        (from tools/sweep_matvec.py; the H200's winners on Qwen2.5-0.5B / 1.5B by default), else the
+        shape of those winners: a vocabulary-sized LM head 128 threads in groups of 16 lanes on 4 rows,
+        thousands of rows (gate_up) 16 lanes on 2 rows, 2 chunks a trip; long rows (down_proj) and
+        small matrices 256 threads in groups of 32 on 1 row, 2 chunks a trip (many workgroups, each
+        quantizing x once)."""
         tuning = self.tuning
         if not (tuning.matvec_int_dot and self.context.has_subgroups and kernels.has_template("matvec_dot", fmt)):
             return None
@@ -342,7 +345,11 @@ class Linear:
         config = tuning.matvec_dot_configs.get((fmt, rows, cols))
         if config is not None:
             return config
-        return 128, 32 if cols > 2048 else 16, 2, 2, 1024
+        if rows >= 65536:
+            return 128, 16, 4, 1, 0
+        if rows >= 4096 and cols <= 2048:
+            return 128, 16, 2, 2, 0
+        return 256, 32, 1, 2, 0
 
     def uses_matmul(self, seg: Segment, tokens: int) -> bool:
         return tokens > self.tuning.matvec_max_tokens and kernels.has_template("matmul", seg.format)
