@@ -157,8 +157,8 @@ def _decode_ahead(
     ``rng.random()``, drawn in the order the step-by-step loop draws) and is submitted at once, so
     the CPU records step n + 1 while the GPU runs step n, and ids are read back once per burst.
     Bursts grow ``first_burst`` (1: the first token comes as soon as the prefill ends), twice
-    that .. ``ops.decode_ahead``. Steps past ``max_tokens`` or the cache are not run ahead; a consumer asking beyond
-    them gets them one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
+    that .. ``ops.decode_ahead``. Steps past ``max_tokens`` or the cache are not run ahead; a
+    consumer asking beyond them gets them one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
 
     A draw the device leaves undecided (a tie at the top-k boundary) is made on the CPU from that
     step's logits with the same uniform; the steps run past it are dropped and their uniforms

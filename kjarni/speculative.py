@@ -139,9 +139,9 @@ class DraftLength:
     short plain run to time the plain step, then the cost model. After every plain run comes one
     probe round of the best ``k`` (the acceptance may have changed: prose turning into code). Each
     losing round sets the next plain run: at least twice the last one (up to ``MAX_PLAIN_RUN``;
-    never shorter than the last), and long enough that the time the round lost against plain decoding (its measured time less
-    its tokens at the plain step) is at most ``PROBE_SHARE`` of the run's time (up to
-    ``MAX_LOSS_RUN``). So a draft that loses a little is probed often and cheaply, and one that
+    never shorter than the last), and long enough that the time the round lost against plain
+    decoding (its measured time less its tokens at the plain step) is at most ``PROBE_SHARE`` of
+    the run's time (up to ``MAX_LOSS_RUN``). So a draft that loses a little is probed often and cheaply, and one that
     loses a lot (a GPU, where every round's readbacks cost more than a step) is probed rarely:
     the probes cost about ``PROBE_SHARE`` of the decode time. Time is read by the caller
     (``record_*``), so tests drive the choice with controlled costs.

@@ -365,3 +365,28 @@ def test_gpu_greedy_round_reads_back_once_and_keeps_plain_greedy(tmp_path, gpu_o
     assert per_round[0] == 2  # the prefill's token, then the first round
     assert np.diff(per_round).tolist() == [1] * (len(per_round) - 1)  # drafts and choices in one readback
     assert tokens == _tokens(gpu, GenerationParams(max_tokens=30, temperature=0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first_burst, reads", [(1, 4), (8, 1)])
+def test_gpu_plain_run_at_full_burst_reads_back_once_per_decode_ahead_steps(tmp_path, gpu_ops, first_burst, reads):
+    from kjarni.decode import generate_step
+    from kjarni.model_config import ModelConfig
+    from kjarni.model import DecoderModel
+    from kjarni.weights import load_weights
+
+    _build(tmp_path, seed=11)
+    gpu = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
+    assert gpu_ops.decode_ahead == 8
+    ctx, count = gpu_ops.context, []
+    real_read = ctx.read
+    ctx.read = lambda *args: count.append(args) or real_read(*args)
+    try:
+        steps = generate_step(gpu, PROMPT, Sampler(GenerationParams(temperature=0)), np.random.default_rng(0),
+                              gpu.new_cache(len(PROMPT) + 8), max_tokens=8, first_burst=first_burst)
+        tokens = [next(steps)[0] for _ in range(8)]
+        steps.close()
+    finally:
+        del ctx.read
+    assert len(count) == reads  # bursts 1, 2, 4, 1 against one burst of 8
+    assert tokens == _tokens(gpu, GenerationParams(max_tokens=8, temperature=0))
