@@ -330,7 +330,7 @@ class Linear:
     def matvec_dot_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
         """(WG, LANES, R, UN, workgroups at most or 0) of matvec_dot.tmpl.wgsl for a one-token
         product of a ``rows`` x ``cols`` segment in ``fmt``, or None where it does not apply
-        (``matvec_int_dot`` off, no subgroups, a format without an integer-dot decoder, or x's
+        (``matvec_int_dot`` or ``matvec_template`` off, no subgroups, a format without an integer-dot decoder, or x's
         22 bytes per 16 columns past the device's workgroup memory): ``matvec_dot_configs`` first
         (from tools/sweep_matvec.py; the H200's winners on Qwen2.5-0.5B / 1.5B by default), else the
         shape of those winners: a vocabulary-sized LM head 128 threads in groups of 16 lanes on 4 rows,
@@ -338,7 +338,8 @@ class Linear:
         small matrices 256 threads in groups of 32 on 1 row, 2 chunks a trip (many workgroups, each
         quantizing x once)."""
         tuning = self.tuning
-        if not (tuning.matvec_int_dot and self.context.has_subgroups and kernels.has_template("matvec_dot", fmt)):
+        if not (tuning.matvec_template and tuning.matvec_int_dot and self.context.has_subgroups
+                and kernels.has_template("matvec_dot", fmt)):
             return None
         if cols % (256 if fmt == "Q4_K" else 32) or 22 * (cols // 16) + 2304 > self.context.max_workgroup_storage:
             return None

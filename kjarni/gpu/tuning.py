@@ -116,7 +116,8 @@ class GpuTuning:
 
     # ---------------------------------------------------------------- linear: decode matvec
     matvec_template: bool = True
-    """One-token products run matvec.tmpl.wgsl (False: the older linear_body kernels, to compare)."""
+    """One-token products run matvec.tmpl.wgsl or matvec_dot.tmpl.wgsl (False: the older linear_body
+    and linear_q* kernels, to compare)."""
     matvec_template_configs: dict[tuple[str, int, int], tuple[int, int, int, int]] = field(default_factory=dict)
     """Per (format, segment rows, cols): (WG, LANES, R, UN) of matvec.tmpl.wgsl from
     tools/sweep_matvec.py, else `linear.matvec_config`'s defaults."""
