@@ -136,8 +136,9 @@ class NumpyOps:
     to measure what that rounding costs against the float32 reference.
 
     ``quantize_activations=True`` rounds the input of every one-token product by a Q8_0, Q5_0 or
-    Q4_K weight (`INT_DOT_TYPES`) to int8 blocks of 32 (`quantize_activations`), as the GPU's
-    integer-dot decode product does: the reference to check that kernel against tightly.
+    Q4_K weight (`INT_DOT_TYPES`; a weight concatenated from parts counts when all its parts are)
+    to int8 blocks of 32 (`quantize_activations`), as the GPU's integer-dot decode product does:
+    the reference to check that kernel against tightly.
     """
 
     name = "cpu"

@@ -330,8 +330,9 @@ class Linear:
     def matvec_dot_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
         """(WG, LANES, R, UN, workgroups at most or 0) of matvec_dot.tmpl.wgsl for a one-token
         product of a ``rows`` x ``cols`` segment in ``fmt``, or None where it does not apply
-        (``matvec_int_dot`` or ``matvec_template`` off, no subgroups, a format without an integer-dot decoder, or x's
-        22 bytes per 16 columns past the device's workgroup memory): ``matvec_dot_configs`` first
+        (``matvec_int_dot`` or ``matvec_template`` off, no subgroups, a format without an integer-dot
+        decoder, or x's 22 bytes per 16 columns past the device's workgroup memory):
+        ``matvec_dot_configs`` first
         (from tools/sweep_matvec.py; the H200's winners on Qwen2.5-0.5B / 1.5B by default), else the
         shape of those winners: a vocabulary-sized LM head 128 threads in groups of 16 lanes on 4 rows,
         thousands of rows (gate_up) 16 lanes on 2 rows, 2 chunks a trip; long rows (down_proj) and
