@@ -26,6 +26,20 @@ H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] 
 }
 
 
+# (segment rows, cols) -> tile: the H200 tensor-core sweep's fastest kernel per Qwen2.5-0.5B prefill
+# product at 512 tokens on Dawn (tools/sweep_sgmat.py --tiles 64x128x32_2x4, docs/benchmarks.md,
+# sixth session, the coordinator's final call): matmul_tc (TM, TN, SM, SN, KU, SHARED) for qkv and
+# gate_up, the first kernel matmul_sgmat (BM, BN, BK, SM, SN) for o_proj and down_proj.
+H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = {
+    (1152, 896): (4, 4, 1, 1, 1, 0),  # 0.5B qkv
+    (9728, 896): (4, 4, 2, 2, 2, 1),  # 0.5B gate_up (fused norm)
+}
+H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
+    (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj
+    (896, 4864): (64, 128, 32, 2, 4),  # 0.5B down_proj
+}
+
+
 # (format, segment rows, cols) -> (WG, LANES, R, UN, workgroups at most or 0): the fastest
 # matvec_dot.tmpl.wgsl configuration per Qwen2.5-0.5B / 1.5B decode matrix in one H200 sweep
 # (tools/sweep_matvec.py --variants mv0,dot,dotu, docs/benchmarks.md, sixth session).
@@ -88,21 +102,25 @@ class GpuTuning:
     overriding the rules above (S = 1 where a fused norm forbids the split)."""
 
     # ---------------------------------------------------------------- linear: tensor cores
-    tensor_cores: bool = False
+    tensor_cores: bool = True
     """Tensor cores (f16 x f16, f32 sums) for the prefill of f16 segments where the device has an
-    f16 subgroup-matrix configuration (Dawn): matmul_tc.tmpl.wgsl, or matmul_sgmat.tmpl.wgsl for the
-    shapes of ``sgmat_tiles``. Off: matmul_tc has not yet run correctly on a GPU, and the first
-    kernel was no better than 1.6x the SIMT one (docs/benchmarks.md, sixth session)."""
+    f16 subgroup-matrix configuration (Dawn; wgpu-native offers none, so nothing changes there):
+    matmul_tc.tmpl.wgsl, or matmul_sgmat.tmpl.wgsl for the shapes of ``sgmat_tiles``. The
+    activations are rounded to f16 for those products (``NumpyOps(activations="f16")`` is their
+    reference). H200, Qwen2.5-0.5B f16, 512 tokens on Dawn: 46,740 prefill tok/s against 25,277
+    with SIMT kernels (docs/benchmarks.md, sixth session). False: SIMT kernels in float32."""
     tc_tile: tuple[int, int, int, int, int, int] | None = (4, 2, 2, 2, 2, 0)
     """matmul_tc.tmpl.wgsl's tile (TM, TN, SM, SN, KU, SHARED) of kernels.TC_TILES for shapes not in
     ``tc_tiles`` (not measured: 2 x 2 subgroups of 4 x 2 matrices, operands from storage)."""
-    tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
+    tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(
+        default_factory=lambda: dict(H200_TC_TILES))
     """Per (segment rows, cols): a matmul_tc tile, or None for the SIMT kernel (tools/sweep_sgmat.py)."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
     tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
     """Per (rows, cols): K splits of matmul_tc, over the rule."""
-    sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(default_factory=dict)
+    sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(
+        default_factory=lambda: dict(H200_SGMAT_TILES))
     """The first tensor-core kernel (matmul_sgmat.tmpl.wgsl), only for the shapes named here:
     per (segment rows, cols) a tile (BM, BN, BK, SM, SN) of kernels.SGMAT_TILES."""
     sgmat_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
