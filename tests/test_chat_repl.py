@@ -127,7 +127,7 @@ def test_ctrl_c_stops_the_answer_not_the_program(endless_model: Path) -> None:
          "--max-tokens", "6000", "--quiet"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
     )
-    out = Output(child.stdout)
+    out, err = Output(child.stdout), Output(child.stderr)  # stderr: shown if the test fails
     try:
         at = out.wait_for(chat_repl.PROMPT)
         child.stdin.write(b"Tell me everything.\n")
@@ -143,6 +143,8 @@ def test_ctrl_c_stops_the_answer_not_the_program(endless_model: Path) -> None:
         child.stdin.flush()
         assert child.wait(timeout=120) == 0
         assert "[conversation cleared]" in out.text
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nthe child's stderr: {err.text[-2000:]!r}") from error
     finally:
         if child.poll() is None:
             child.kill()
