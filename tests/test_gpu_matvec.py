@@ -71,6 +71,19 @@ def cols_for(fmt: str) -> list[int]:
     return [512, 1536] if fmt in ("Q4_K", "Q6_K") else [96, 2080] if fmt.startswith("Q") else [72, 2056]
 
 
+def flag_inputs(ops, rng, rows: int, cols: int):
+    """The inputs of a one-token product with every fused flag: the bias (on the GPU, and as the
+    GPU holds it), the norm weight (both), x, a gate/up pair and a residual, drawn in that order."""
+    bias = ops.weight(rng.standard_normal(rows).astype(np.float32), name="b")
+    nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    norm = ops.weight(nw, name="nw")
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    gate_up = rng.standard_normal((1, 2 * cols)).astype(np.float32)
+    res = rng.standard_normal((1, rows)).astype(np.float32)
+    bvec = np.frombuffer(ops.context.queue.read_buffer(bias.buffer), np.float32)[:rows]
+    return bias, bvec, norm, nw, x, gate_up, res
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt):
@@ -79,13 +92,7 @@ def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt)
         rows = 37
         weight, w = make_weight(ops, fmt, rows, cols, seed=cols)
         assert kernel_of(ops, weight) == f"matvec.{fmt}:main"
-        bias = ops.weight(rng.standard_normal(rows).astype(np.float32), name="b")
-        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-        norm = ops.weight(nw, name="nw")
-        x = rng.standard_normal((1, cols)).astype(np.float32)
-        gate_up = rng.standard_normal((1, 2 * cols)).astype(np.float32)
-        res = rng.standard_normal((1, rows)).astype(np.float32)
-        bvec = np.frombuffer(ops.context.queue.read_buffer(bias.buffer), np.float32)[:rows]
+        bias, bvec, norm, nw, x, gate_up, res = flag_inputs(ops, rng, rows, cols)
         scale = float(np.abs(x).sum() * np.abs(w).max())  # a bound on |y|: errors relative to it
         for config in CONFIGS:
             ops.tuning.matvec_template_configs = {(fmt, rows, cols): config}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kjarni.numpy_ops import NumpyOps, quantize_activations
-from tests.test_gpu_matvec import kernel_of, upload
+from tests.test_gpu_matvec import flag_inputs, kernel_of, upload
 from tests.test_gpu_quant import random_quant
 
 T = gguf.GGMLQuantizationType
@@ -77,13 +77,7 @@ def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_fl
         qt = random_quant(T[fmt], rows, cols, seed=cols)
         weight, w = ops.weight(qt, name=f"w{cols}"), REF.weight(qt, name=f"w{cols}.weight")
         assert kernel_of(ops, weight) == f"matvec_dot.{fmt}:main"
-        bias = ops.weight(rng.standard_normal(rows).astype(np.float32), name="b")
-        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-        norm = ops.weight(nw, name="nw")
-        x = rng.standard_normal((1, cols)).astype(np.float32)
-        gate_up = rng.standard_normal((1, 2 * cols)).astype(np.float32)
-        res = rng.standard_normal((1, rows)).astype(np.float32)
-        bvec = np.frombuffer(ops.context.queue.read_buffer(bias.buffer), np.float32)[:rows]
+        bias, bvec, norm, nw, x, gate_up, res = flag_inputs(ops, rng, rows, cols)
         scale = float(np.abs(x).sum() * np.abs(w).max())  # a bound on |y|: errors relative to it
         for config in CONFIGS:
             ops.tuning.matvec_dot_configs = {(fmt, rows, cols): config}
