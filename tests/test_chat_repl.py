@@ -121,10 +121,16 @@ class Output:
             assert found, f"none of {characters!r} appeared; output so far: {self.text[-500:]!r}"
 
 
+# `python -m kjarni` with Ctrl-C's default disposition: a shell starts background jobs (`pytest &`)
+# with SIGINT ignored, children inherit that, and the second Ctrl-C below would then never arrive.
+KJARNI_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "sys.argv[0] = 'kjarni'; runpy.run_module('kjarni', run_name='__main__', alter_sys=True)")
+
+
 def test_ctrl_c_stops_the_answer_not_the_program(endless_model: Path) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "kjarni", "chat", "--model-path", str(endless_model), "--device", "cpu", "--greedy",
-         "--max-tokens", "6000", "--quiet"],
+        [sys.executable, "-c", KJARNI_WITH_CTRL_C, "chat", "--model-path", str(endless_model), "--device", "cpu",
+         "--greedy", "--max-tokens", "6000", "--quiet"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
     )
     out, err = Output(child.stdout), Output(child.stderr)  # stderr: shown if the test fails
