@@ -34,6 +34,7 @@ def ops(wgpu_context):
     # The float template for every format: Q8_0 / Q5_0 / Q4_K otherwise run the integer-dot
     # product (tests/test_gpu_matvec_dot.py).
     ops.tuning.matvec_int_dot = False
+    ops.tuning.matvec_f16 = False  # f16 otherwise runs matvec_f16.tmpl.wgsl (tests/test_gpu_matvec_f16.py)
     return ops
 
 

@@ -5,7 +5,8 @@ with residual, gate_up 9728x896 with norm, down 896x4864 reading silu(gate) * up
 LM head 151936x896 with norm), one token (``--tokens N``: N, see below), and each weight format (f16, Q8_0, Q5_0; Q4_K where the
 row length allows), every candidate configuration of the linear kernels is timed with timestamp
 queries around one compute pass of ``--reps`` back-to-back dispatches (median of ``--passes``
-passes). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
+passes, the variants of a shape timed in interleaved rounds after a warm-up: see
+``Bench.time_interleaved``). Each dispatch reads another copy of the weight (enough copies to overflow the L2), as a
 decode step reads every layer's weights once. Every variant's output is checked against numpy.
 
 Variants (shaders/matvec.tmpl.wgsl, shaders/matvec_dot.tmpl.wgsl, shaders/linear_body.wgsl,
@@ -18,6 +19,11 @@ shaders/linear_q*.wgsl):
   without naga's runtime checks (the other setting of GpuTuning.matvec_dot_unchecked). The report's
   ``matvec_dot_configs`` (and ``--tuning-out``) lists the best ``dot`` per (shape, format);
   ``best_by_family`` puts each family's best side by side.
+- f16 ``h16 WG=w L=l R=r UN=u G=g``: matvec_f16.tmpl.wgsl (x staged in workgroup memory, r x u
+  weight loads a trip written out, g = workgroups at most), compiled as kjarni does
+  (GpuTuning.matvec_f16_unchecked); ``h16c`` / ``h16u``: kjarni's configuration for the shape with /
+  without naga's runtime checks. The report's ``matvec_f16_configs`` (and ``--tuning-out``) lists the
+  best ``h16`` per shape.
 - every format ``mv WG=w L=l R=r UN=u``: the decode template (w threads in row groups of l lanes,
   r rows a group, u units a trip); the report's ``matvec_template_configs`` lists the best per
   (shape, format) as GpuTuning.matvec_template_configs takes them (``--tuning-out`` writes them too).
@@ -130,6 +136,26 @@ def mv_configs(cols: int):
             for r in (1, 2, 4):
                 for un in (1, 2):
                     yield wg, lanes, r, un
+
+
+def h16_configs(rows: int, cols: int):
+    """(WG, LANES, R, UN, workgroups at most) of matvec_f16.tmpl.wgsl worth timing, by the
+    matrix's class: a vocabulary-sized LM head, long rows (down_proj), thousands of rows (gate_up),
+    small matrices (q/k/v, o_proj)."""
+    if rows >= 32768:
+        shapes, rus, caps = ((128, 16), (256, 16), (128, 32), (256, 32)), ((4, 1), (4, 2), (2, 2), (2, 4)), (0, 1056, 2112)
+    elif cols > 2048:
+        shapes, rus, caps = ((128, 32), (128, 64), (256, 64), (128, 128), (256, 128), (256, 256)), ((1, 2), (1, 4), (2, 1), (2, 2)), (0,)
+    elif rows > 2048:
+        shapes, rus, caps = ((128, 16), (128, 32), (256, 32), (256, 64)), ((2, 1), (2, 2), (4, 1), (4, 2)), (0, 528)
+    else:
+        shapes, rus, caps = ((64, 64), (128, 32), (128, 64), (256, 64)), ((1, 1), (1, 2), (2, 1), (2, 2)), (0,)
+    for wg, lanes in shapes:
+        for r, un in rus:
+            sets = -(-rows // (r * wg // lanes))
+            for cap in caps:
+                if cap < sets:
+                    yield wg, lanes, r, un, cap
 
 
 def dot_configs(rows: int, cols: int):
@@ -257,6 +283,46 @@ class Bench:
         per = (ticks[1::2] - ticks[0::2]) * 1e-9 / a.reps
         return float(np.median(per))
 
+    def time_interleaved(self, variants: list, groups: list) -> list[float]:
+        """Median seconds per dispatch of each (pipeline, grid) of ``variants`` (one shape): after
+        about ``--warm-ms`` of the first (the GPU clock rises from idle), ``--passes`` rounds, each
+        timing every variant once (``--reps`` dispatches in a timestamped compute pass), all
+        recorded in one command buffer: the variants run back to back at the same clock, and the
+        ranking does not depend on the order they were compiled in."""
+        a, wgpu = self.args, self.wgpu
+        n, copies = len(variants), len(groups)
+        if not n:
+            return []
+        first = self.time(variants[0][0], groups, variants[0][1])
+        warm = int(min(20000, a.warm_ms * 1e-3 / max(first, 1e-7)))
+        qs = self.dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n * a.passes)
+        enc = self.dev.create_command_encoder()
+        if warm:
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(variants[0][0])
+            for i in range(warm):
+                cp.set_bind_group(0, groups[i % copies])
+                cp.dispatch_workgroups(*variants[0][1])
+            cp.end()
+        for p in range(a.passes):
+            for v, (pipeline, grid) in enumerate(variants):
+                q = 2 * (p * n + v)
+                cp = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": q, "end_of_pass_write_index": q + 1})
+                cp.set_pipeline(pipeline)
+                for i in range(a.reps):
+                    cp.set_bind_group(0, groups[(p * a.reps + i) % copies])
+                    cp.dispatch_workgroups(*grid)
+                cp.end()
+        resolve = self.dev.create_buffer(size=16 * n * a.passes, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        enc.resolve_query_set(qs, 0, 2 * n * a.passes, resolve, 0)
+        self.dev.queue.submit([enc.finish()])
+        ticks = np.frombuffer(self.dev.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+        per = (ticks[1::2] - ticks[0::2]).reshape(a.passes, n) * 1e-9 / a.reps
+        resolve.destroy()
+        qs.destroy()
+        return [float(t) for t in np.median(per, axis=0)]
+
     def time(self, pipeline, groups, grid) -> float:
         """Median seconds per dispatch over passes of reps dispatches cycling through groups."""
         return self.time_steps([(pipeline, groups, grid)], len(groups))
@@ -346,20 +412,23 @@ class Bench:
         results = []
         families = set(a.variants.split(",")) if a.variants else None
         picked = ops_choice(fmt, rows, cols, tokens)
+        timed = []  # (index in results, pipeline, grid) of the variants that ran, timed together below
         for label, pipeline, grid in self.variants(fmt, rows, cols, tokens):
             if families is not None and label.split()[0] not in families:
                 continue
             try:
                 err = self.check(case, [(pipeline, groups, grid)], quantized=label.startswith("dot"))
-                sec = self.time(pipeline, groups, grid)
-                results.append({"model": self.model, "shape": name, "format": fmt, "variant": label, "us": round(sec * 1e6, 2),
-                                "gb_s": round(case.nbytes / sec / 1e9, 1), "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3,
-                                "grid": list(grid)})
+                results.append({"model": self.model, "shape": name, "format": fmt, "variant": label,
+                                "rel_err": float(f"{err:.2e}"), "ok": err < 2e-3, "grid": list(grid)})
                 if tokens > 1:
                     results[-1]["ops"] = label == picked
+                timed.append((len(results) - 1, pipeline, grid))
             except Exception as exc:  # noqa: BLE001 (a variant that fails to compile must not end the sweep)
                 results.append({"model": self.model, "shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
-            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        for (i, _, _), sec in zip(timed, self.time_interleaved([(p, g) for _, p, g in timed], groups)):
+            results[i].update(us=round(sec * 1e6, 2), gb_s=round(case.nbytes / sec / 1e9, 1))
+            print(json.dumps(results[i]), file=sys.stderr, flush=True)
         return results
 
     def variants(self, fmt: str, rows: int, cols: int, tokens: int = 1):
@@ -387,6 +456,18 @@ class Bench:
                 p = ctx.pipeline("matvec_dot." + fmt_name, LINEAR_KINDS, flags=("idot",), constants=constants,
                                  source=lambda f=fmt_name: kernels.template("matvec_dot", f, frozenset({"idot"})),
                                  unchecked=unchecked)
+                sets = -(-rows // (r * wg // lanes))
+                yield f"{family} WG={wg} L={lanes} R={r} UN={un} G={cap}", p, fold(min(sets, cap) if cap else sets)
+        if tokens == 1 and plain.matvec_f16_config(fmt_name, rows, cols) is not None:
+            # h16: matvec_f16.tmpl.wgsl compiled as kjarni does (GpuTuning.matvec_f16_unchecked);
+            # h16c / h16u: kjarni's configuration for the shape with / without naga's runtime checks.
+            default = plain.matvec_f16_config(fmt_name, rows, cols)
+            other = "h16c" if DEFAULTS.matvec_f16_unchecked else "h16u"
+            for family, wg, lanes, r, un, cap in [*(("h16", *c) for c in h16_configs(rows, cols)), (other, *default)]:
+                unchecked = DEFAULTS.matvec_f16_unchecked if family == "h16" else family == "h16u"
+                name = kernels.matvec_f16_variant(r, un)
+                p = ctx.pipeline("matvec_f16." + name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "XV": cols // 4},
+                                 source=lambda n=name: kernels.template("matvec_f16", n), unchecked=unchecked)
                 sets = -(-rows // (r * wg // lanes))
                 yield f"{family} WG={wg} L={lanes} R={r} UN={un} G={cap}", p, fold(min(sets, cap) if cap else sets)
         for wg, lanes, r, un in mv_configs(cols):
@@ -484,6 +565,7 @@ def main() -> None:
     parser.add_argument("--variants", default=None, help="only these label families, e.g. t,u (f16: sg wg u t; quantized: sg sgfold split t)")
     parser.add_argument("--reps", type=int, default=100, help="dispatches per timed pass")
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--warm-ms", type=float, default=300.0, help="GPU time of a shape's first variant before its rounds")
     parser.add_argument("--l2-bytes", type=int, default=384 << 20, help="bytes of weight copies cycled through")
     parser.add_argument("--max-copies", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="shapes / 8 rows, few reps (CPU adapters)")
@@ -496,7 +578,7 @@ def main() -> None:
     if args.tuning_out and args.tokens > 1:
         parser.error("--tuning-out writes the one-token settings: leave out --tokens (see the report's suggest)")
     if args.quick:
-        args.reps, args.passes, args.max_copies = 3, 1, 2
+        args.reps, args.passes, args.max_copies, args.warm_ms = 3, 1, 2, 0.0
     bench = Bench(args)
     rng = np.random.default_rng(0)
     models = args.model.split(",")
@@ -559,6 +641,10 @@ def main() -> None:
     report["matvec_dot_configs"] = [
         [f.upper(), v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
         for (_, s, f, fam), v in family_best.items() if fam == "dot"]
+    # GpuTuning.matvec_f16_configs from the best matvec_f16 variant per shape.
+    report["matvec_f16_configs"] = [
+        [v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
+        for (_, s, f, fam), v in family_best.items() if fam == "h16"]
     # What kjarni should pick (GpuTuning.matvec_configs, quant_split_k_min_cols), from the winners.
     configs, split_cols, plain_cols = {}, [], []
     for r in report["best"]:
@@ -580,7 +666,8 @@ def main() -> None:
                                for r in report["best"] if r["format"] == "f16" and r["variant"].startswith("u ")],
             "quant_split_k_min_cols": report["suggest"]["quant_split_k_min_cols"],
             "matvec_template_configs": report["matvec_template_configs"],
-            "matvec_dot_configs": report["matvec_dot_configs"],
+            # Only the families swept: an empty list would clear kjarni's defaults for the others.
+            **{key: report[key] for key in ("matvec_dot_configs", "matvec_f16_configs") if report[key]},
         }))
     if not args.no_prefill:
         cmd = [sys.executable, str(Path(__file__).with_name("bench_gpu.py")), "--prefill-only", "--no-torch",

@@ -227,11 +227,34 @@ def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int)
     return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) if shared else 0)
 
 
+MATVEC_F16_SHAPES: tuple[tuple[int, int], ...] = tuple((r, un) for r in (1, 2, 4) for un in (1, 2, 4))
+"""The f16 decode matvec's variants (``matvec_f16.tmpl.wgsl``): (R rows a row group, UN units a trip)."""
+
+
+def matvec_f16_variant(r: int, un: int) -> str:
+    """The ``matvec_f16`` variant name of R rows a group and UN units a trip, e.g. ``r4u2``."""
+    return f"r{r}u{un}"
+
+
+def matvec_f16_fields(r: int, un: int) -> dict[str, str]:
+    """The fields of ``matvec_f16.tmpl.wgsl`` for R rows and UN units a trip: the clamped rows'
+    offsets, a full trip's R x UN loads then sums, and the one-unit tail trip, written out."""
+    comp = "xyzw"
+    rows = "\n".join(f"        let b{i} = min(row0 + {i}u, last) * stride;" for i in range(r))
+    full = [f"            let q{k}_{i} = w_a[b{i} + u + {k}u * LANES];" for k in range(un) for i in range(r)]
+    full += [f"            s.{comp[i]} += dot8(q{k}_{i}, u + {k}u * LANES);" for k in range(un) for i in range(r)]
+    tail = [f"            let t{i} = w_a[b{i} + u];" for i in range(r)]
+    tail += [f"            s.{comp[i]} += dot8(t{i}, u);" for i in range(r)]
+    return {"R": str(r), "UN": str(un), "ROWS": rows, "FULL": "\n".join(full), "TAIL": "\n".join(tail)}
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
     # an `idot` side (render with the flag "idot").
     "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in ("Q8_0", "Q5_0", "Q4_K")},
+    # The f16 decode product, one variant per (rows a group, units a trip), loads written out.
+    "matvec_f16": {matvec_f16_variant(r, un): matvec_f16_fields(r, un) for r, un in MATVEC_F16_SHAPES},
     # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
     # decoder); the others' load_w8 is used whole (matmul_w_direct.wgsl).
     "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}

@@ -205,6 +205,26 @@ class Linear:
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
             pipeline = template_pipeline(ctx, "matmul", seg.format, LINEAR_KINDS, constants)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
+        h16 = self.matvec_f16_config(seg.format, seg.rows, cols) if tokens == 1 else None
+        if h16 is not None:
+            # One token, f16: matvec_f16.tmpl.wgsl, x (norm, silu_mul, attention merge) staged once
+            # per workgroup, the weight loads of a trip written out (kernels.matvec_f16_fields).
+            threads, lanes, r, un, cap = h16
+            if attn:  # x: split attention partials, merged per workgroup (fewer, larger workgroups)
+                threads, lanes, r, un, cap = tuning.matvec_attn_threads, tuning.matvec_attn_lanes, 1, 2, 0
+            name = kernels.matvec_f16_variant(r, un)
+            variant = frozenset({"attn"}) if attn else frozenset()
+
+            def source_h16() -> str:
+                return kernels.template("matvec_f16", name, variant)
+
+            constants = {"WG": threads, "LANES": lanes, "XV": cols // 4}
+            if attn:
+                constants.update(SPLITS=attn[0], HD4=attn[1])
+            pipeline = ctx.pipeline("matvec_f16." + name, LINEAR_KINDS, flags=tuple(variant), constants=constants,
+                                    source=source_h16, unchecked=tuning.matvec_f16_unchecked)
+            sets = -(-seg.rows // (r * threads // lanes))
+            return pipeline, params, fold(min(sets, cap) if cap else sets)
         dot = self.matvec_dot_config(seg.format, seg.rows, cols) if tokens == 1 else None
         if dot is not None:
             # One token, Q8_0 / Q5_0 / Q4_K: matvec_dot.tmpl.wgsl, x quantized to int8 per workgroup.
@@ -326,6 +346,29 @@ class Linear:
         if rows >= 4096:
             return 128, 32, 4, 2
         return 128, 64, 1, 2
+
+    def matvec_f16_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
+        """(WG, LANES, R, UN, workgroups at most or 0) of matvec_f16.tmpl.wgsl for a one-token
+        product of a ``rows`` x ``cols`` f16 segment, or None where it does not apply (another
+        format, ``matvec_f16`` or ``matvec_template`` off, no subgroups, ``cols`` not a multiple of
+        8, or x's 4 bytes a column past the device's workgroup memory): ``matvec_f16_configs``
+        first (tools/sweep_matvec.py; the H200's winners by default), else rules in the shape of
+        those winners."""
+        tuning = self.tuning
+        if not (fmt == "f16" and tuning.matvec_template and tuning.matvec_f16 and self.context.has_subgroups):
+            return None
+        if cols % 8 or 4 * cols + 2304 > self.context.max_workgroup_storage:
+            return None
+        config = tuning.matvec_f16_configs.get((rows, cols))
+        if config is not None:
+            return config
+        if rows >= 32768:
+            return 256, 32, 4, 2, 0
+        if cols > 2048:
+            return 256, 128, 2, 2, 0
+        if rows >= 4096:
+            return 256, 32, 4, 2, 0
+        return 128, 64, 1, 2, 0
 
     def matvec_dot_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
         """(WG, LANES, R, UN, workgroups at most or 0) of matvec_dot.tmpl.wgsl for a one-token

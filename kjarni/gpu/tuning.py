@@ -72,6 +72,12 @@ H200_MATVEC_DOT_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int, in
     ("Q5_0", 151936, 896): (128, 8, 2, 1, 0),  # 0.5B LM head
 }
 
+# (segment rows, cols) -> (WG, LANES, R, UN, workgroups at most or 0): the fastest
+# matvec_f16.tmpl.wgsl configuration per f16 decode matrix of Qwen2.5-0.5B / 1.5B and SmolLM2-135M
+# (tools/sweep_matvec.py --variants mv0,h16, docs/benchmarks.md, seventh session).
+H200_MATVEC_F16_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+
+
 @dataclass
 class GpuTuning:
     """Kernel choices of `WgpuOps` (see the module docstring); each field says what it steers."""
@@ -150,6 +156,16 @@ class GpuTuning:
     matvec_dot_unchecked: bool = True
     """Compile matvec_dot without naga's runtime index checks (it clamps its rows itself and
     reads nothing past its buffers; H200 sweep: 5-65% faster than checked at the same shape)."""
+    matvec_f16: bool = True
+    """One-token products by f16 weights run matvec_f16.tmpl.wgsl (x staged in workgroup memory,
+    R x UN weight loads a trip written out, a capped grid); False: matvec.tmpl.wgsl, to compare."""
+    matvec_f16_configs: dict[tuple[int, int], tuple[int, int, int, int, int]] = field(
+        default_factory=lambda: dict(H200_MATVEC_F16_CONFIGS))
+    """Per (segment rows, cols): (WG, LANES, R, UN, workgroups at most, 0 = one per row set) of
+    matvec_f16.tmpl.wgsl from tools/sweep_matvec.py, else `Linear.matvec_f16_config`'s rules."""
+    matvec_f16_unchecked: bool = True
+    """Compile matvec_f16 without naga's runtime index checks (its indices are in range by
+    construction: rows clamped, units below cols / 8)."""
     matvec_rows: int = 4
     """Rows per workgroup of linear_body's plain ``matvec``."""
     matvec_max_threads: int = 256
