@@ -373,7 +373,7 @@ def test_linear_plan_picks_matvec_t_for_2_to_max_tokens_and_keeps_one_token_kern
     ops.tuning.tensor_cores = False  # the SIMT prefill kernel past matvec_max_tokens (Dawn: tests/test_gpu_tensor_cores.py)
     assert ops.tuning.matvec_max_tokens >= 9, "a speculative verify of 8 drafts (9 tokens) takes the matrix-vector path"
     short, long = ops.weight(rand(rng, 40, 64), name="short"), ops.weight(rand(rng, 12, 2064), name="long")
-    assert kernel(ops, short, 1) == kernel(ops, long, 1) == "matvec.f16:main"  # the decode template
+    assert kernel(ops, short, 1).startswith("matvec_f16.") and kernel(ops, long, 1).startswith("matvec_f16.")  # f16 decode
     ops.tuning.matvec_template = False  # the older one-token kernels, still there to compare
     short, long = ops.weight(rand(rng, 40, 64), name="short2"), ops.weight(rand(rng, 12, 2064), name="long2")
     assert kernel(ops, short, 1) == "linear_f16:matvec_u" and kernel(ops, long, 1) == "linear_f16:matvec"

@@ -150,9 +150,9 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     rng = np.random.default_rng(2)
     w, odd = ops.weight(rand(rng, 40, 64), name="w"), ops.weight(rand(rng, 40, 72), name="odd")
     ops.tuning.sgmat_tiles = {(40, 64): (64, 64, 32, 2, 2), (40, 72): (64, 64, 32, 2, 2)}
-    for tokens, name in ((1, "matvec.f16:main"), (ops.tuning.matvec_max_tokens, "linear_f16:matvec_t")):
+    for tokens, name in ((1, "matvec_f16."), (ops.tuning.matvec_max_tokens, "linear_f16:matvec_t")):
         ops.linear(upload(ops, rand(rng, tokens, 64)), w)
-        assert _ran(ops, w, tokens) == name
+        assert _ran(ops, w, tokens).startswith(name)
     ops.linear(upload(ops, rand(rng, 10, 64)), w)
     assert _ran(ops, w, 10).startswith("matmul_sgmat.")
     ops.linear(upload(ops, rand(rng, 10, 72)), odd)  # 72 columns: not a multiple of BK = 32
