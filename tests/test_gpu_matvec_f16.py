@@ -85,16 +85,31 @@ def test_matvec_f16_on_a_vocabulary_sized_lm_head(ops):
 
 
 @pytest.mark.gpu
-def test_rows_too_long_for_workgroup_memory_or_the_switch_off_run_the_float_template(ops):
+def test_rows_too_long_for_workgroup_memory_a_shape_set_to_none_or_the_switch_off_run_the_float_template(ops):
     limit = ops.context.max_workgroup_storage
     cols = ((limit - 2304) // 4 // 8 + 1) * 8  # the first multiple of 8 whose x does not fit
-    long, _ = make_weight(ops, "f16", 3, cols, seed=6)
-    assert kernel_of(ops, long) == "matvec.f16:main"
-    fits, _ = make_weight(ops, "f16", 3, cols - 8, seed=7)
-    assert kernel_of(ops, fits).startswith("matvec_f16.")
-    ops.tuning.matvec_f16 = False
+    config = (128, 32, 2, 2, 0)
+    ops.tuning.matvec_f16_configs = {(3, cols): config, (3, cols - 8): config, (5, 64): None}
     try:
+        long, _ = make_weight(ops, "f16", 3, cols, seed=6)
+        assert kernel_of(ops, long) == "matvec.f16:main"
+        fits, _ = make_weight(ops, "f16", 3, cols - 8, seed=7)
+        assert kernel_of(ops, fits) == "matvec_f16.r2u2:main"
+        measured_slower, _ = make_weight(ops, "f16", 5, 64, seed=8)
+        assert kernel_of(ops, measured_slower) == "matvec.f16:main"
+        ops.tuning.matvec_f16 = False
         fits.plans.clear()
         assert kernel_of(ops, fits) == "matvec.f16:main"
     finally:
         ops.tuning.matvec_f16 = True
+        ops.tuning.matvec_f16_configs = {}
+
+
+@pytest.mark.gpu
+def test_the_rules_keep_the_float_template_for_rows_longer_than_4864_columns(ops):
+    linear = ops.linear_kernels
+    if not linear.matvec_f16_fits("f16", 4872):
+        pytest.skip("x of 4872 columns does not fit this device's workgroup memory")
+    assert linear.matvec_f16_config("f16", 1000, 4872) is None
+    assert linear.matvec_f16_config("f16", 1000, 4864) is not None
+    assert linear.matvec_f16_config("Q8_0", 1000, 4864) is None

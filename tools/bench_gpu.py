@@ -424,7 +424,7 @@ def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
     if "matvec_dot_configs" in choice:
         tuning.matvec_dot_configs = {(f, r, c): tuple(cfg) for f, r, c, *cfg in choice["matvec_dot_configs"]}
     if "matvec_f16_configs" in choice:
-        tuning.matvec_f16_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice["matvec_f16_configs"]}
+        tuning.matvec_f16_configs = {(r, c): tuple(cfg) or None for r, c, *cfg in choice["matvec_f16_configs"]}
     # tools/sweep_matmul.py's winners: [[rows, cols, TM, TN, BK, KSPLIT, NBUF, S], ...]
     if "matmul_configs" in choice:
         tuning.matmul_configs = {(r, c): tuple(cfg) for r, c, *cfg in choice["matmul_configs"]}

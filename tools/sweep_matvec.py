@@ -458,12 +458,12 @@ class Bench:
                                  unchecked=unchecked)
                 sets = -(-rows // (r * wg // lanes))
                 yield f"{family} WG={wg} L={lanes} R={r} UN={un} G={cap}", p, fold(min(sets, cap) if cap else sets)
-        if tokens == 1 and plain.matvec_f16_config(fmt_name, rows, cols) is not None:
+        if tokens == 1 and plain.matvec_f16_fits(fmt_name, cols):
             # h16: matvec_f16.tmpl.wgsl compiled as kjarni does (GpuTuning.matvec_f16_unchecked);
             # h16c / h16u: kjarni's configuration for the shape with / without naga's runtime checks.
             default = plain.matvec_f16_config(fmt_name, rows, cols)
-            other = "h16c" if DEFAULTS.matvec_f16_unchecked else "h16u"
-            for family, wg, lanes, r, un, cap in [*(("h16", *c) for c in h16_configs(rows, cols)), (other, *default)]:
+            other = [("h16c" if DEFAULTS.matvec_f16_unchecked else "h16u", *default)] if default else []
+            for family, wg, lanes, r, un, cap in [*(("h16", *c) for c in h16_configs(rows, cols)), *other]:
                 unchecked = DEFAULTS.matvec_f16_unchecked if family == "h16" else family == "h16u"
                 name = kernels.matvec_f16_variant(r, un)
                 p = ctx.pipeline("matvec_f16." + name, LINEAR_KINDS, constants={"WG": wg, "LANES": lanes, "XV": cols // 4},
@@ -641,10 +641,12 @@ def main() -> None:
     report["matvec_dot_configs"] = [
         [f.upper(), v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
         for (_, s, f, fam), v in family_best.items() if fam == "dot"]
-    # GpuTuning.matvec_f16_configs from the best matvec_f16 variant per shape.
+    # GpuTuning.matvec_f16_configs from the best matvec_f16 variant per shape: [rows, cols] alone
+    # (None: the float template) where the float template's mv0 was faster.
     report["matvec_f16_configs"] = [
-        [v["rows"], v["cols"], *(int(p.split("=")[1]) for p in v["variant"].split()[1:])]
-        for (_, s, f, fam), v in family_best.items() if fam == "h16"]
+        [v["rows"], v["cols"]] + ([] if family_best.get((m, s, f, "mv0"), v)["us"] < v["us"]
+                                  else [int(p.split("=")[1]) for p in v["variant"].split()[1:]])
+        for (m, s, f, fam), v in family_best.items() if fam == "h16"]
     # What kjarni should pick (GpuTuning.matvec_configs, quant_split_k_min_cols), from the winners.
     configs, split_cols, plain_cols = {}, [], []
     for r in report["best"]:

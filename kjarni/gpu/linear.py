@@ -347,28 +347,38 @@ class Linear:
             return 128, 32, 4, 2
         return 128, 64, 1, 2
 
-    def matvec_f16_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
-        """(WG, LANES, R, UN, workgroups at most or 0) of matvec_f16.tmpl.wgsl for a one-token
-        product of a ``rows`` x ``cols`` f16 segment, or None where it does not apply (another
-        format, ``matvec_f16`` or ``matvec_template`` off, no subgroups, ``cols`` not a multiple of
-        8, or x's 4 bytes a column past the device's workgroup memory): ``matvec_f16_configs``
-        first (tools/sweep_matvec.py; the H200's winners by default), else rules in the shape of
-        those winners."""
+    def matvec_f16_fits(self, fmt: str, cols: int) -> bool:
+        """Whether matvec_f16.tmpl.wgsl can run a one-token product of ``cols``-column ``fmt`` rows:
+        f16, ``matvec_f16`` and ``matvec_template`` on, a subgroup device, ``cols`` a multiple of 8,
+        and x's 4 bytes a column (plus 2304) within the device's workgroup memory."""
         tuning = self.tuning
         if not (fmt == "f16" and tuning.matvec_template and tuning.matvec_f16 and self.context.has_subgroups):
+            return False
+        return cols % 8 == 0 and 4 * cols + 2304 <= self.context.max_workgroup_storage
+
+    def matvec_f16_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
+        """(WG, LANES, R, UN, workgroups at most or 0) of matvec_f16.tmpl.wgsl for a one-token
+        product of a ``rows`` x ``cols`` segment in ``fmt``, or None for the float template
+        (matvec.tmpl.wgsl): where it does not fit (`matvec_f16_fits`), ``matvec_f16_configs``
+        (tools/sweep_matvec.py; the H200's winners by default, None where the float template won),
+        else the shape of those winners: a vocabulary-sized LM head 256 threads in groups of 32
+        lanes on 2 rows, 2 units a trip; rows longer than 4864 columns the float template (x staged
+        8960 wide lost to it: 20.8 against 14.9 us); long rows (down_proj) 64 lanes on 1 row, 4
+        units a trip; thousands of rows (gate_up) as the LM head; small matrices 64 lanes on 2 rows."""
+        if not self.matvec_f16_fits(fmt, cols):
             return None
-        if cols % 8 or 4 * cols + 2304 > self.context.max_workgroup_storage:
-            return None
-        config = tuning.matvec_f16_configs.get((rows, cols))
-        if config is not None:
-            return config
+        configs = self.tuning.matvec_f16_configs
+        if (rows, cols) in configs:
+            return configs[(rows, cols)]
         if rows >= 32768:
-            return 256, 32, 4, 2, 0
+            return 256, 32, 2, 2, 0
+        if cols > 4864:
+            return None
         if cols > 2048:
-            return 256, 128, 2, 2, 0
-        if rows >= 4096:
-            return 256, 32, 4, 2, 0
-        return 128, 64, 1, 2, 0
+            return 256, 64, 1, 4, 0
+        if rows > 2048:
+            return 256, 32, 2, 2, 0
+        return 256, 64, 2, 1, 0
 
     def matvec_dot_config(self, fmt: str, rows: int, cols: int) -> tuple[int, int, int, int, int] | None:
         """(WG, LANES, R, UN, workgroups at most or 0) of matvec_dot.tmpl.wgsl for a one-token

@@ -74,8 +74,25 @@ H200_MATVEC_DOT_CONFIGS: dict[tuple[str, int, int], tuple[int, int, int, int, in
 
 # (segment rows, cols) -> (WG, LANES, R, UN, workgroups at most or 0): the fastest
 # matvec_f16.tmpl.wgsl configuration per f16 decode matrix of Qwen2.5-0.5B / 1.5B and SmolLM2-135M
-# (tools/sweep_matvec.py --variants mv0,h16, docs/benchmarks.md, seventh session).
-H200_MATVEC_F16_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+# in one H200 sweep (tools/sweep_matvec.py --variants mv0,h16,h16c, docs/benchmarks.md, seventh
+# session); None: the float template (matvec.tmpl.wgsl) was faster.
+H200_MATVEC_F16_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
+    (2048, 1536): (256, 64, 2, 1, 0),  # 1.5B qkv
+    (1536, 1536): (256, 64, 1, 1, 0),  # 1.5B o_proj
+    (17920, 1536): (256, 32, 2, 2, 0),  # 1.5B gate_up
+    (1536, 8960): None,  # 1.5B down: 14.9 us in the float template, 20.8 here (x staged 8960 wide)
+    (151936, 1536): (256, 32, 2, 2, 0),  # 1.5B LM head
+    (1152, 896): (256, 64, 1, 2, 0),  # 0.5B qkv
+    (896, 896): (256, 64, 1, 1, 0),  # 0.5B o_proj
+    (9728, 896): (128, 16, 2, 2, 0),  # 0.5B gate_up
+    (896, 4864): (256, 64, 1, 4, 0),  # 0.5B down
+    (151936, 896): (256, 16, 4, 2, 2112),  # 0.5B LM head
+    (960, 576): (256, 64, 2, 1, 0),  # SmolLM2 qkv
+    (576, 576): (256, 64, 2, 1, 0),  # SmolLM2 o_proj
+    (3072, 576): (256, 64, 2, 1, 0),  # SmolLM2 gate_up
+    (576, 1536): (256, 64, 2, 2, 0),  # SmolLM2 down
+    (49152, 576): (256, 16, 2, 2, 1056),  # SmolLM2 LM head
+}
 
 
 @dataclass
@@ -159,10 +176,11 @@ class GpuTuning:
     matvec_f16: bool = True
     """One-token products by f16 weights run matvec_f16.tmpl.wgsl (x staged in workgroup memory,
     R x UN weight loads a trip written out, a capped grid); False: matvec.tmpl.wgsl, to compare."""
-    matvec_f16_configs: dict[tuple[int, int], tuple[int, int, int, int, int]] = field(
+    matvec_f16_configs: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_MATVEC_F16_CONFIGS))
     """Per (segment rows, cols): (WG, LANES, R, UN, workgroups at most, 0 = one per row set) of
-    matvec_f16.tmpl.wgsl from tools/sweep_matvec.py, else `Linear.matvec_f16_config`'s rules."""
+    matvec_f16.tmpl.wgsl from tools/sweep_matvec.py, or None for the float template; other shapes:
+    `Linear.matvec_f16_config`'s rules."""
     matvec_f16_unchecked: bool = True
     """Compile matvec_f16 without naga's runtime index checks (its indices are in range by
     construction: rows clamped, units below cols / 8)."""
