@@ -191,11 +191,18 @@ class DecoderModel:
         ``"all"`` returns ``[tokens, vocab]`` (speculative verification, tests). ``token_ids`` may
         be `DeviceTokens` from the backend's ``argmax_ahead`` (greedy decode running ahead).
         """
-        ops, eps = self.ops, self.config.rms_norm_eps
         ids = token_ids if isinstance(token_ids, DeviceTokens) else np.asarray(token_ids, dtype=np.int32).reshape(-1)
         tokens, start = len(ids), kv_cache.offset
         check_fits(tokens, start, kv_cache)
         rope = self.rope_short if start + tokens <= self.short_context else self.rope
+        tapes = getattr(self.ops, "tapes", None)  # the GPU's step capture: a recorded step replayed (kjarni/gpu/capture.py)
+        if tapes is not None:
+            return tapes.forward(self, ids, kv_cache, logits, rope, self.windows, self._forward)
+        return self._forward(ids, kv_cache, logits, rope)
+
+    def _forward(self, ids: np.ndarray | DeviceTokens, kv_cache: KVCache, logits: str, rope: Weight) -> Activation:
+        ops, eps = self.ops, self.config.rms_norm_eps
+        tokens, start = len(ids), kv_cache.offset
         x = ops.embed(self.embed_tokens, ids)
         for i, block in enumerate(self.blocks):
             qkv = ops.norm_linear(x, block.input_norm, eps, block.qkv, block.qkv_bias)

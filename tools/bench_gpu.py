@@ -197,6 +197,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
         "decode_tok_s_split_attention": round(steps / split_s, 1),
         "record_ms_per_step": round(1000 * record_s, 3),
         "dispatches_per_step": dispatches,
+        "step_tapes": {"captured": ops.tapes.captured, "replayed": ops.tapes.replayed},  # GpuTuning.step_capture
         "weight_mb": round(ops.weight_bytes / 2**20, 1),
         "weight_formats": sorted({f for w in _matrices(model) for f in w.formats}),
         "kv_cache_mb": round(cache.nbytes / 2**20, 1),

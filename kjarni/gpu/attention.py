@@ -8,7 +8,7 @@ register-tiled kernel (head_dim 64) or attention_prefill. The choices read `GpuT
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class WgpuKVCache:
         self.kv_format = kv_format
         self.offset = 0
         self._nbytes = 2 * num_layers * layer_bytes
+        self.tapes: dict = {}  # step tapes recorded on this cache (kjarni/gpu/capture.py)
 
     @property
     def nbytes(self) -> int:
@@ -91,7 +92,7 @@ class Attention:
             )
         if rope is not None and (rope.kind != "table" or start + tokens > rope.shape[0] or rope.shape[1] > hd):
             raise InvalidConfigurationError(f"rope table {rope.name} {rope.shape} does not cover position {start + tokens - 1}")
-        if tokens == 1 and self.tuning.fuse_rope and start + 1 <= min(self.tuning.attention_single_max, STEP_MAX_KEYS):
+        if self.fuses_rope(tokens, start):
             return RopePending(self.ops, qkv, rope, kv_cache, layer, start, heads * hd)  # attention_step does it
         return self.rope_store_now(qkv, rope, kv_cache, layer, start)
 
@@ -149,8 +150,7 @@ class Attention:
         flags = _kv_flags(kv_cache)
         out = new_tensor(ctx, tokens, width)
         k_buf, v_buf = kv_cache.keys[layer], kv_cache.values[layer]
-        span = start + tokens if not window else min(start + tokens, window)  # keys a query row sees
-        if tokens <= tuning.matvec_max_tokens and span <= min(tuning.attention_single_max, SINGLE_MAX_KEYS):
+        if tokens <= tuning.matvec_max_tokens and self.single_pass(tokens, start, window):
             # Short context: one workgroup per (head, row) over all its keys, one dispatch.
             single = self.plans.get(("attention_single", hd, flags))
             if single is None:
@@ -206,6 +206,26 @@ class Attention:
             else:
                 self.split_keys(prefill, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         return out
+
+    def fuses_rope(self, tokens: int, start: int) -> bool:
+        """Whether rope_store of ``tokens`` at ``start`` waits for the next attention (attention_step)."""
+        return tokens == 1 and self.tuning.fuse_rope and start + 1 <= min(self.tuning.attention_single_max, STEP_MAX_KEYS)
+
+    def single_pass(self, tokens: int, start: int, window: int | None) -> bool:
+        """Whether a few-token attention at ``start`` runs attention_single (else flash-decoding)."""
+        span = start + tokens if not window else min(start + tokens, window)  # keys a query row sees
+        return span <= min(self.tuning.attention_single_max, SINGLE_MAX_KEYS)
+
+    def position_class(self, tokens: int, start: int, windows: Sequence[int | None]) -> tuple:
+        """What the recording of ``tokens`` (at most ``matvec_max_tokens``) at ``start`` depends on
+        through the position, for layers of the sliding ``windows`` given (None: none): a step
+        tape (kjarni/gpu/capture.py) is replayed only at positions of the class it was recorded at.
+        Every position-dependent choice of rope_store and attention for so few tokens is one of
+        `fuses_rope`, `single_pass` and flash-decoding's split count."""
+        if self.fuses_rope(tokens, start):
+            return ()  # attention_step everywhere: the position is read from the step uniform
+        splits = -(-(start + tokens) // DECODE_CHUNK)
+        return tuple(0 if self.single_pass(tokens, start, w) else splits for w in dict.fromkeys(windows))
 
     def key_chunk(self, chunk: int, tokens: int, heads: int, hd: int, start: int) -> tuple[int, int]:
         """(keys per split, splits) of a prefill split over its keys (chunk 0: one split); the

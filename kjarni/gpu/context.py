@@ -237,6 +237,11 @@ class WgpuContext:
         self.dummy = self._own(self.device.create_buffer(size=1024, usage=STORAGE, label="dummy"))
         self._profile: list[tuple[str, int]] | None = None
         self._query_set: Any = None
+        # Step capture (kjarni/gpu/capture.py): the recording in progress, the pool's buffers (a
+        # tape may bind only those it pinned), and a count bumped when buffers are destroyed.
+        self._capture: Any = None
+        self._scratch_ids: set[int] = set()
+        self.epoch = 0
 
     def _own(self, buffer: Any) -> Any:
         self._created.append(buffer)
@@ -249,6 +254,7 @@ class WgpuContext:
         if not doomed:
             return 0
         self.flush()
+        self.epoch += 1  # every step tape may bind them: none replays again
         for key in [k for k in self._bind_groups if any(id(b) in doomed for b in k[1:])]:
             del self._bind_groups[key]
         freed = 0
@@ -264,6 +270,7 @@ class WgpuContext:
         if self.closed:
             return
         self.closed = True
+        self.epoch += 1
         self._end_pass()
         self._encoder = None
         owned = [*self._created, *self._uniforms.values(), *self._step_buffers.values()]
@@ -322,9 +329,13 @@ class WgpuContext:
             buffer = free.pop()
         else:
             buffer = self._own(self.device.create_buffer(size=size, usage=STORAGE, label=f"scratch{size}"))
+            self._scratch_ids.add(id(buffer))
             self.stats.pooled_buffers += 1
             self.stats.pooled_bytes += size
-        return Scratch(buffer, size, free)
+        scratch = Scratch(buffer, size, free)
+        if self._capture is not None:
+            self._capture.pins.append(scratch)  # the tape's own: not reused until the tape goes
+        return scratch
 
     def uniform(self, data: bytes) -> Any:
         """A uniform buffer holding ``data``, created once per distinct content."""
@@ -357,6 +368,8 @@ class WgpuContext:
             self.queue.write_buffer(buffer, 0, data)
             self._step_values[name] = data
         self._step_used.add(name)
+        if self._capture is not None:
+            self._capture.step_value(name, data, buffer)
         return buffer
 
     # ------------------------------------------------------------------ pipelines
@@ -434,6 +447,7 @@ class WgpuContext:
                 {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)
             ]
             group = self.device.create_bind_group(layout=self.layout(kinds)[0], entries=entries)
+            group.kjarni_buffers = tuple(buffers)  # what a step tape rebinds (kjarni/gpu/capture.py)
             self._bind_groups[key] = group
             self.stats.bind_groups += 1
         return group
@@ -450,12 +464,10 @@ class WgpuContext:
         if self._profile is not None:
             self._dispatch_profiled(pipeline, group, grid)
             return
+        if self._capture is not None:
+            self._capture.calls.append((pipeline, group, grid))
         if self._pass is None:
-            if self._encoder is None:
-                self._encoder = self.device.create_command_encoder()
-            self._pass = self._encoder.begin_compute_pass()
-            self._pass_handle = self._pass._internal if self._raw else None
-            self._pipeline_in_pass = None
+            self.open_pass()
         raw = self._raw
         if raw is not None:
             handle = self._pass_handle
@@ -476,8 +488,19 @@ class WgpuContext:
         if self.submit_every and stats.pending_dispatches >= self.submit_every:
             self.flush()
 
+    def open_pass(self) -> None:
+        """Begin the compute pass that dispatches are recorded into (and its encoder) if none is open."""
+        if self._pass is None:
+            if self._encoder is None:
+                self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+            self._pass_handle = self._pass._internal if self._raw else None
+            self._pipeline_in_pass = None
+
     def copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, size: int) -> None:
         """Record a buffer copy (ends the open compute pass)."""
+        if self._capture is not None:
+            self._capture.refuse("a buffer copy")
         self._end_pass()
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()

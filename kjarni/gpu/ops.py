@@ -23,6 +23,7 @@ from kjarni.backend import WeightSource
 from kjarni.errors import InvalidConfigurationError
 from kjarni.gpu import sampling as gpu_sampling
 from kjarni.gpu.attention import Attention, WgpuKVCache
+from kjarni.gpu.capture import StepTapes
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.linear import Linear, template_pipeline
 from kjarni.gpu.params import ELEMENTWISE, LAYER_NORM, LINEAR, RMS_NORM, SELECT, SILU_MUL
@@ -75,6 +76,7 @@ class WgpuOps:
         self._ring = TokenRing(self.context)
         self.linear_kernels = Linear(self.context, self._tuning)  # kernel choice and recording of products
         self._attention = Attention(self, self._step)
+        self.tapes = StepTapes(self)  # decode steps recorded once, then replayed (kjarni/gpu/capture.py)
         self._weights: list[GpuWeight] = []  # what `close` frees: this model's buffers only
         self._kv_caches: weakref.WeakSet[WgpuKVCache] = weakref.WeakSet()
 
@@ -144,20 +146,24 @@ class WgpuOps:
         if isinstance(token_ids, GpuTokens):  # chosen on the GPU by argmax_ahead: in range by construction
             tokens, id_buffer = len(token_ids), token_ids.buffer
         else:
-            ids = np.asarray(token_ids).reshape(-1)
-            if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
-                raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
-            tokens = int(ids.size)
-            # One ids buffer per table: GPT-2 gathers token and position rows in the same step.
-            id_buffer = ctx.step_buffer(
-                "ids:" + table.name, ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384
-            )
+            tokens, id_buffer = int(np.size(token_ids)), self.ids_buffer(table, token_ids)
         out = self._new(tokens, cols)
         for seg in table.segments:
             pipeline = template_pipeline(ctx, "embed", seg.format, EMBED_KINDS)
             params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, row_offset=seg.row_offset))
             ctx.dispatch(pipeline, (params, id_buffer, seg.w_a, seg.w_b, out.buffer), (min(tokens, 65535), 1, 1))
         return out
+
+    def ids_buffer(self, table: GpuWeight, token_ids: np.ndarray) -> Any:
+        """The per-step buffer holding ``token_ids`` for `embed` of ``table``, after checking them."""
+        ids = np.asarray(token_ids).reshape(-1)
+        rows = table.shape[0]
+        if ids.size == 0 or ids.min() < 0 or ids.max() >= rows:
+            raise InvalidConfigurationError(f"token ids must be in [0, {rows}), got {ids.tolist()[:16]}")
+        name = "ids:" + table.name  # one ids buffer per table: GPT-2 gathers token and position rows in the same step
+        if self.context._capture is not None:
+            self.context._capture.tables[name] = table  # a step tape rewrites it (kjarni/gpu/capture.py)
+        return self.context.step_buffer(name, ids.astype(np.uint32).tobytes(), usage=_storage_usage(), capacity=16384)
 
     def rms_norm(self, x: GpuTensor, weight: GpuWeight, eps: float) -> GpuTensor:
         ctx = self.context

@@ -259,6 +259,16 @@ class GpuTuning:
     """Greedy decode: steps submitted per readback, each fed the previous step's id on the GPU."""
     finite_check: bool = True
     """argmax / top_k flag NaN and inf logits (False only to measure the check's cost)."""
+    step_capture: bool = True
+    """Decode steps (and verifies of up to ``matvec_max_tokens`` tokens) of a `DecoderModel` are
+    recorded once into a tape and replayed from it while nothing they depend on changes
+    (kjarni/gpu/capture.py): the model's Python runs once per tape, not once per step. False:
+    every step is recorded by the model's forward (the same dispatches, tokens and logits)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        # Counts assignments: a step tape recorded under other values is not replayed.
+        object.__setattr__(self, "revision", self.__dict__.get("revision", 0) + 1)
 
     @classmethod
     def field_names(cls) -> list[str]:
