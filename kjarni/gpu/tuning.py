@@ -231,7 +231,8 @@ class GpuTuning:
     """The o_proj matvec merges a split attention_step's partials (False: attention_combine, one
     workgroup per head, then the plain o_proj: a dispatch more)."""
     matvec_attn_threads: int = 256
-    """The merging matvec (o_proj after a split attention_step): workgroup threads. Its workgroups
+    """The merging matvec (o_proj after a split attention_step; matvec.tmpl.wgsl, or matvec_f16 with
+    1 row a group, 2 units a trip, no cap): workgroup threads. Its workgroups
     each merge the whole x: fewer, larger ones read the partials fewer times (H200, 0.5B o_proj,
     256 / 32: 12.5 us against 7.4 unmerged)."""
     matvec_attn_lanes: int = 32
