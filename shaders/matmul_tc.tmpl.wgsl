@@ -1,8 +1,14 @@
 // matmul_tc: prefill y = a @ W.T (+ bias) (+ residual) on tensor cores (Dawn's
 // chromium_experimental_subgroup_matrix, f16 x f16 -> f32 16x16x16), a the f16 activations that
-// matmul_tc_prep.wgsl wrote (norm, silu_mul and the f16 rounding done there), W in f16.
+// matmul_tc_prep.wgsl wrote (norm, silu_mul and the f16 rounding done there), W in f16 or in a
+// GGUF block format (the variants named .<format>, SHARED only): then each step's BN x BK weight
+// tile is dequantized by the format's block decoder (the WEIGHT field pastes it: fetch_w8 / finish_w8,
+// 8 values a chunk) and rounded to f16 as it is stored to workgroup memory, so the MMA is the f16
+// one and no f16 copy of the weight exists outside the workgroup (NumpyOps(weight_format="f16",
+// activations="f16") rounds the same way).
 // Bindings and Params: the linear family (docs/gpu-kernels.md); x is a ([tokens, cols] f16), w_a
-// the f16 weight ([rows, cols]) read as f16, w_b and norm_weight unused.
+// the f16 weight ([rows, cols]) read as f16, or w_a / w_b the repacked blocks (kjarni/gpu/quant.py);
+// norm_weight unused.
 // Needs (the host checks): tokens >= 16, rows, row_offset and y_stride multiples of 16, cols of BK.
 // Every 16 x 16 matrix then lies inside the product: the last ones along tokens start at
 // tokens - 16 (overlapping their neighbours, which write the same values), so no load or store
@@ -20,7 +26,8 @@
 // a [S, tokens, y_stride] scratch, summed by matmul_reduce.wgsl.
 // Grid: (ceil(rows / BN), ceil(tokens / BM), S); SM SN SG threads. Fields: TM, TN, SM, SN, KU,
 // SG, SHARED and the per-matrix code written out by kernels.tc_fields (DECL, INIT, PRE, STEP,
-// STORE): no private arrays indexed in loops.
+// STORE): no private arrays indexed in loops. Quantized: thread i of the workgroup (sg SG + lane)
+// copies chunks i, i + WG, .. of the tile (row chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..).
 
 enable f16;
 enable subgroups;
@@ -30,7 +37,7 @@ enable chromium_experimental_subgroup_matrix;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<f16>;
-@group(0) @binding(2) var<storage, read> w_a: array<f16>;
+{{WEIGHT}}
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
 @group(0) @binding(7) var<storage, read_write> y: array<f32>;

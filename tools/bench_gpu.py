@@ -461,7 +461,7 @@ def main() -> None:
     parser.add_argument("--core", action="store_true",
                         help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
     parser.add_argument("--sgmat-choice", metavar="JSON",
-                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out (skipped if missing); "
+                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out, comma-separated files (missing ones skipped); "
                              "turns GpuTuning.tensor_cores on where a tile won (--set tensor_cores=1 turns it on with the defaults)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
@@ -478,9 +478,15 @@ def main() -> None:
             parser.error(error)
     tuning = _apply_tuning(TUNING, args.tuning) if args.tuning else None
     sgmat_choice = None
-    if args.sgmat_choice and Path(args.sgmat_choice).is_file():
-        sgmat_choice = json.loads(Path(args.sgmat_choice).read_text())
+    choice_files = [Path(f) for f in (args.sgmat_choice or "").split(",") if f and Path(f).is_file()]
+    if choice_files:
+        sgmat_choice = [c for f in choice_files for c in json.loads(f.read_text())]
         # Per shape: matmul_tc's tile ("tc"), the first kernel's ("sgmat"), or the SIMT kernel (None).
+        # Entries of a quantized sweep (sweep_sgmat.py --format) name their GGUF format: tc_quant_tiles.
+        TUNING.tc_quant_tiles = {(c["format"], c["rows"], c["cols"]): tuple(c["tile"]) if c.get("family") == "tc" else None
+                                 for c in sgmat_choice if c.get("format", "f16") != "f16"}
+        sgmat_choice = [c for c in sgmat_choice if c.get("format", "f16") == "f16"] or None
+    if sgmat_choice:
         TUNING.tc_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c.get("family") == "tc" else None for c in sgmat_choice}
         TUNING.tc_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c.get("family") == "tc" and c["splits"]}
         TUNING.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) for c in sgmat_choice if c.get("family") == "sgmat"}

@@ -3,10 +3,14 @@ prefill product and tile, GPU time (timestamp queries, mean of ``--reps`` produc
 activation prep included), TFLOP/s and the error against numpy with the same f16 rounding of the
 activations (NumpyOps(activations="f16")'s math); the SIMT kernel (matmul_f16) beside it. Tiles of
 matmul_tc.tmpl.wgsl (``--tc-tiles``, kernels.TC_TILES) and of the first kernel, matmul_sgmat.tmpl.wgsl
-(``--tiles``). Prints JSON.
+(``--tiles``). ``--format q8_0`` (or q4_k, q5_0, ..) sweeps the quantized variants of matmul_tc
+(SHARED tiles: the weight tile dequantized to f16 in workgroup memory) against the SIMT matmul of
+that format, on random blocks (bench_gpu.random_quant: Q5_0 where a row is not whole 256-blocks), the
+reference rounding the dequantized weight to f16 too. Prints JSON.
 
     python tools/sweep_sgmat.py                       # Qwen2.5-0.5B shapes, 512 tokens, every tile
     python tools/sweep_sgmat.py --model qwen2.5-1.5b --tiles none --tc-tiles 4x2_2x2_k2_d,2x2_2x2_k2_s
+    python tools/sweep_sgmat.py --format q8_0 --out q8.json   # quantized weights (matmul_tc only)
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kjarni.gpu import kernels  # noqa: E402
 
@@ -61,6 +66,7 @@ def main() -> None:
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
     parser.add_argument("--out", help="write the per-shape choice (JSON) here, for bench_gpu.py --sgmat-choice")
     parser.add_argument("--robust", action="store_true", help="without Dawn's disable_robustness/disable_workgroup_init")
+    parser.add_argument("--format", default="f16", help="weights: f16, or a GGUF type (q8_0, q4_k, q5_0, ..)")
     args = parser.parse_args()
 
     from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
@@ -78,11 +84,16 @@ def main() -> None:
     if args.tiles:
         wanted = set(args.tiles.split(","))
         tiles = [t for t in tiles if kernels.sgmat_variant(*t, sg).rsplit("_sg", 1)[0] in wanted]
-    tc_tiles = [t for t in kernels.TC_TILES if sg and kernels.tc_variant(*t, sg) in kernels.TEMPLATES["matmul_tc"]
+    quantized = args.format.lower() != "f16"
+    if quantized:
+        tiles = []  # the first kernel reads f16 weights only
+    probe = kernels.TC_QUANT_FORMATS[0] if quantized else "f16"  # every quantized format has the same tiles
+    tc_tiles = [t for t in kernels.TC_TILES if sg and kernels.tc_variant(*t, sg, probe) in kernels.TEMPLATES["matmul_tc"]
                 and kernels.tc_workgroup_bytes(*t) <= ctx.max_workgroup_storage]
     if args.tc_tiles:
         wanted = set(args.tc_tiles.split(","))
         tc_tiles = [t for t in tc_tiles if kernels.tc_variant(*t, sg).rsplit("_sg", 1)[0] in wanted]
+    report["format"] = args.format
     rng = np.random.default_rng(0)
     tokens = args.tokens
 
@@ -95,7 +106,18 @@ def main() -> None:
     for name, (rows, cols, kind) in shapes(args.model).items():
         if args.shapes and name not in args.shapes.split(","):
             continue
-        w16 = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+        if quantized:
+            import gguf
+            from bench_gpu import random_quant
+
+            qt = random_quant(args.format, (rows, cols), rng)
+            fmt = kernels_format = gguf.GGMLQuantizationType(qt.ggml_type).name
+            w16 = qt.dequantize().astype(np.float16)  # the kernel's one rounding of the dequantized weight
+            wsrc = qt
+        else:
+            fmt = kernels_format = "f16"
+            w16 = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+            wsrc = w16.astype(np.float32)
         xin = rng.standard_normal((tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
         nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
         b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
@@ -106,7 +128,7 @@ def main() -> None:
         variants = [("simt", None, None, None)]
         variants += [("sgmat." + kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "sgmat", t, sp)
                      for t in tiles for sp in splits_list]
-        variants += [("tc." + kernels.tc_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "tc", t, sp)
+        variants += [("tc." + kernels.tc_variant(*t, sg, kernels_format) + ("" if sp is None else f"_s{sp}"), "tc", t, sp)
                      for t in tc_tiles for sp in splits_list]
         for label, family, tile, sp in variants:
             ops = WgpuOps(ctx, weight_format="f16")
@@ -116,8 +138,9 @@ def main() -> None:
                 ops.tuning.sgmat_tiles = {(rows, cols): tile}
             elif family == "tc":
                 ops.tuning.tc_tiles = {(rows, cols): tile}
+                ops.tuning.tc_quant_tiles = {(fmt, rows, cols): tile}
             try:
-                weight = ops.weight(w16.astype(np.float32), name=f"{name}.weight")
+                weight = ops.weight(wsrc, name=f"{name}.weight")
                 nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
                 bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
                 x = upload(xin)
@@ -144,7 +167,7 @@ def main() -> None:
                 ran = sorted({n.split(":")[0] for n in parts})
                 if family and not any(n.startswith("matmul_" + family + ".") for n in ran):
                     raise RuntimeError(f"{label} did not run (ran {ran})")
-                entry = {"shape": name, "rows": rows, "cols": cols, "kernel": label, "us": round(us, 1),
+                entry = {"shape": name, "rows": rows, "cols": cols, "format": fmt, "kernel": label, "us": round(us, 1),
                          "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
                          "ok": err < 2e-3, "dispatches": part_us}
                 ops.close()
@@ -160,15 +183,17 @@ def main() -> None:
     # Per shape, what WgpuOps should run (bench_gpu.py --sgmat-choice): the fastest correct tile and
     # split, or the SIMT kernel where it was faster.
     choice = []
+    formats = {e["shape"]: e["format"] for e in report["results"] if "format" in e}
     for name, (rows, cols, _) in shapes(args.model).items():
         if args.shapes and name not in args.shapes.split(","):
             continue
         simt = next((e for e in report["results"] if e["shape"] == name and e["kernel"] == "simt" and "us" in e), None)
         tc = best.get(name)
         if tc is None or (simt is not None and simt["us"] <= tc["us"]):
-            choice.append({"rows": rows, "cols": cols, "family": None, "tile": None, "splits": None})
+            choice.append({"rows": rows, "cols": cols, "format": formats.get(name, "f16"), "family": None, "tile": None, "splits": None})
         else:
-            choice.append({"rows": rows, "cols": cols, "family": tc["family"], "tile": tc["tile"], "splits": tc["splits"]})
+            choice.append({"rows": rows, "cols": cols, "format": formats.get(name, "f16"), "family": tc["family"], "tile": tc["tile"],
+                           "splits": tc["splits"]})
     report["choice"] = choice
     if args.out:
         Path(args.out).write_text(json.dumps(choice))

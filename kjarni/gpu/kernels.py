@@ -157,14 +157,27 @@ subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: operands th
 memory), each at subgroup sizes 32 and 64 where the copies divide evenly."""
 
 
-def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int) -> str:
-    """The ``matmul_tc`` variant name of a tile at subgroup size ``sg``, e.g. ``4x2_1x1_k2_d_sg32``."""
-    return f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'s' if shared else 'd'}_sg{sg}"
+TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
+"""GGUF formats with ``matmul_tc`` variants (SHARED tiles only): the weight tile dequantized by the
+format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmpl.wgsl)."""
 
 
-def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int) -> dict[str, str]:
+def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
+    """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
+    ``4x2_1x1_k2_d_sg32`` (f16) or ``4x4_2x2_k2_s_sg32.Q8_0``."""
+    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'s' if shared else 'd'}_sg{sg}"
+    return name if fmt == "f16" else f"{name}.{fmt}"
+
+
+def tc_quant_chunks(tn: int, sm: int, sn: int, ku: int, sg: int) -> float:
+    """Weight chunks (8 values) each thread dequantizes a step in a quantized ``matmul_tc`` tile."""
+    return (sn * tn * 16) * (16 * ku // 8) / (sm * sn * sg)
+
+
+def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> dict[str, str]:
     """The fields of ``matmul_tc.tmpl.wgsl`` for one tile: its sizes and the code per result matrix
-    (and, with SHARED, per operand copy) written out."""
+    (and, with SHARED, per operand copy) written out; for a GGUF ``fmt``, the block decoder and the
+    per-chunk dequantizing copies of the weight tile."""
     nsg = sm * sn
     ij = [(i, j) for i in range(tm) for j in range(tn)]
     decl = [f"    let t{i} = tok(wid.y, sm, {i}u);" for i in range(tm)]
@@ -177,6 +190,13 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int)
     init += ["    }"]
     left, right = "subgroup_matrix_left<f16, 16, 16>", "subgroup_matrix_right<f16, 16, 16>"
     step, pre, shmem = [], [], ""
+    quant = fmt != "f16"
+    if quant and not shared:
+        raise ValueError(f"matmul_tc: {fmt} weights need a SHARED tile (the weight tile is dequantized in workgroup memory)")
+    if quant:  # the block decoder (w_a, w_b, fetch_w8 / finish_w8)
+        weight = f"// #include {BLOCKS[fmt]}.wgsl" + ("" if fmt == "Q8_0" else "\n// #include matmul_w_direct.wgsl")
+    else:
+        weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -199,25 +219,38 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int)
             decl += [f"    let qa{n}_src = tok(wid.y, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qa{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pa{n}: {left};"]
-        for n in range(nb):
+        nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant else 0
+        for n in range(nb if not quant else 0):
             q = f"({n * nsg}u + sg)"
             decl += [f"    let qb{n}_src = row(wid.x, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qb{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pb{n}: {right};"]
+        for n in range(nc):  # chunk i = n WG + thread: tile row i / (BK / 8), columns 8 (i % (BK / 8)) ..
+            i = f"({n}u * WG + sg * SG + lane)"
+            decl += [f"    let wc{n} = {i} % (BK / 8u);",
+                     f"    let wr{n} = row(wid.x, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
+                     f"    let wd{n} = {i} / (BK / 8u) * LDS + 8u * wc{n};",
+                     f"    var pw{n}: WRaw;"]
 
         def fetch(k: str, indent: str) -> list[str]:
             return ([f"{indent}pa{n} = subgroupMatrixLoad<{left}, row_major>(&x, qa{n}_src + {k}, cols);" for n in range(na)]
-                    + [f"{indent}pb{n} = subgroupMatrixLoad<{right}, col_major>(&w_a, qb{n}_src + {k}, cols);" for n in range(nb)])
+                    + [f"{indent}pb{n} = subgroupMatrixLoad<{right}, col_major>(&w_a, qb{n}_src + {k}, cols);" for n in range(nb if not quant else 0)]
+                    + [f"{indent}pw{n} = fetch_w8(wr{n}, ({k}) / 8u + wc{n});" for n in range(nc)])
 
         pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ") + ["    }"]
         step = [f"        subgroupMatrixStore<row_major>(&xs, qa{n}_dst, pa{n}, LDS);" for n in range(na)]
-        step += [f"        subgroupMatrixStore<col_major>(&ws, qb{n}_dst, pb{n}, LDS);" for n in range(nb)]
+        step += [f"        subgroupMatrixStore<col_major>(&ws, qb{n}_dst, pb{n}, LDS);" for n in range(nb if not quant else 0)]
+        for n in range(nc):
+            step += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
+                     "            let g = vec4<f16>(v.b);"]
+            step += [f"            ws[wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
+            step += ["        }"]
         step += ["        workgroupBarrier();", "        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
         step += products("&xs, (sm * TM + {i}u) * 16u * LDS + {k}u, LDS", "&ws, (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
         step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
     return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
-            "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
+            "WEIGHT": weight, "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
             "STEP": "\n".join(step), "STORE": "\n".join(store)}
 
 
@@ -269,6 +302,11 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
         tc_variant(*tile, sg): tc_fields(*tile, sg)
         for tile in TC_TILES for sg in (32, 64)
         if not tile[5] or (tile[0] * tile[2] * tile[4] % (tile[2] * tile[3]) == 0 and tile[1] * tile[3] * tile[4] % (tile[2] * tile[3]) == 0)
+    } | {
+        tc_variant(*tile, sg, fmt): tc_fields(*tile, sg, fmt)
+        for tile in TC_TILES for sg in (32, 64) for fmt in TC_QUANT_FORMATS
+        if tile[5] and tile[0] * tile[2] * tile[4] % (tile[2] * tile[3]) == 0 and tc_quant_chunks(*tile[1:5], sg).is_integer()
+        and tc_quant_chunks(*tile[1:5], sg) >= 1
     },
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""

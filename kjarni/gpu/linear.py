@@ -432,15 +432,22 @@ class Linear:
         subgroup-matrix configuration, f16 weights, more than ``matvec_max_tokens`` and at least
         16 tokens, segment rows, row offset and y stride multiples of 16, ``cols`` of 16 KU, and
         no tile of the older kernel named for the shape (``sgmat_tiles``). The tile:
-        ``tc_tiles[(rows, cols)]`` (None there: not on tensor cores), else ``tc_tile``."""
+        ``tc_tiles[(rows, cols)]`` (None there: not on tensor cores), else ``tc_tile``. Quantized
+        weights (``kernels.TC_QUANT_FORMATS``, ``tc_quant`` on): ``tc_quant_tiles[(format, rows,
+        cols)]``, else ``tc_quant_tile`` (a SHARED tile: the weight is dequantized in workgroup memory)."""
         tuning = self.tuning
         sg = self.context.f16_matrix_subgroup
-        if not (tuning.tensor_cores and sg and seg.format == "f16" and tokens > tuning.matvec_max_tokens and tokens >= 16):
+        fmt = seg.format
+        quant = fmt in kernels.TC_QUANT_FORMATS and tuning.tc_quant
+        if not (tuning.tensor_cores and sg and (fmt == "f16" or quant) and tokens > tuning.matvec_max_tokens and tokens >= 16):
             return None
-        if seg.rows % 16 or seg.row_offset % 16 or y_stride % 16 or (seg.rows, cols) in tuning.sgmat_tiles:
+        if seg.rows % 16 or seg.row_offset % 16 or y_stride % 16 or (not quant and (seg.rows, cols) in tuning.sgmat_tiles):
             return None
-        tile = tuning.tc_tiles.get((seg.rows, cols), tuning.tc_tile)
-        if tile is None or cols % (16 * tile[4]) or kernels.tc_variant(*tile, sg) not in kernels.TEMPLATES["matmul_tc"]:
+        if quant:
+            tile = tuning.tc_quant_tiles.get((fmt, seg.rows, cols), tuning.tc_quant_tile)
+        else:
+            tile = tuning.tc_tiles.get((seg.rows, cols), tuning.tc_tile)
+        if tile is None or cols % (16 * tile[4]) or kernels.tc_variant(*tile, sg, fmt) not in kernels.TEMPLATES["matmul_tc"]:
             return None
         if kernels.tc_workgroup_bytes(*tile) > self.context.max_workgroup_storage:
             return None
@@ -450,7 +457,7 @@ class Linear:
         """(pipeline, params, grid) of matmul_tc for one segment (grid z = 1: the caller's split)."""
         ctx = self.context
         tm, tn, sm, sn = tile[:4]
-        variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup)
+        variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup, seg.format)
 
         def source() -> str:
             return kernels.template("matmul_tc", variant)

@@ -138,6 +138,15 @@ class GpuTuning:
     tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_TC_TILES))
     """Per (segment rows, cols): a matmul_tc tile, or None for the SIMT kernel (tools/sweep_sgmat.py)."""
+    tc_quant: bool = False
+    """Tensor cores also for quantized prefill weights (kernels.TC_QUANT_FORMATS: Q8_0, Q4_K, Q5_0, ..):
+    matmul_tc dequantizes each weight tile to f16 in workgroup memory (one f16 rounding of the
+    dequantized weight; ``NumpyOps(weight_format="f16", activations="f16")`` is the reference).
+    False (until measured on a GPU): the SIMT matmul in float32, as before."""
+    tc_quant_tile: tuple[int, int, int, int, int, int] = (4, 4, 2, 2, 2, 1)
+    """matmul_tc's tile for quantized weights where ``tc_quant_tiles`` names none (a SHARED tile)."""
+    tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
+    """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
     tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
