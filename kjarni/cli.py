@@ -272,6 +272,11 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"kjarni: draft {generator.draft_model_name}: {stats.acceptance_rate:.0%} of drafted tokens accepted, "
               f"{stats.draft_length:.2f} drafted and {stats.tokens_per_round:.2f} tokens per round{plain}",
               file=sys.stderr)
+    elif not args.json and not args.quiet and generator.draft_model_name is not None and stats is not None:
+        why = ("the tokens asked for could not repay its prefill and a first round"
+               if "plain: budget" in stats.draft_decisions else "no room to draft")
+        print(f"kjarni: draft {generator.draft_model_name}: not used, {why}: "
+              f"{stats.plain_tokens} tokens decoded without it", file=sys.stderr)
     if not args.json and not args.quiet and stats is not None:
         print(f"kjarni: {summary_line(stats, generator)}", file=sys.stderr)
     return EXIT_OK

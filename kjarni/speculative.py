@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -135,16 +136,28 @@ class DraftLength:
     the medians of the lengths timed so far) and ``plain_step`` the median time of a plain decode
     step. So the numerator is the expected tokens of a round, the denominator its expected time.
 
-    The sequence: ``INITIAL_DRAFT_TOKENS`` until the draft and verify costs are timed, then one
-    short plain run to time the plain step, then the cost model. After every plain run comes one
+    The sequence: one short plain run to time the plain step, then ``INITIAL_DRAFT_TOKENS`` until
+    the draft and verify costs are timed, then the cost model. After every plain run comes one
     probe round of the best ``k`` (the acceptance may have changed: prose turning into code). Each
     losing round sets the next plain run: at least twice the last one (up to ``MAX_PLAIN_RUN``;
     never shorter than the last), and long enough that the time the round lost against plain
     decoding (its measured time less its tokens at the plain step) is at most ``PROBE_SHARE`` of
     the run's time (up to ``MAX_LOSS_RUN``). So a draft that loses a little is probed often and cheaply, and one that
-    loses a lot (a GPU, where every round's readbacks cost more than a step) is probed rarely:
-    the probes cost about ``PROBE_SHARE`` of the decode time. Time is read by the caller
-    (``record_*``), so tests drive the choice with controlled costs.
+    loses a lot (a GPU, where every round's readbacks cost more than a step) is probed rarely.
+
+    The budget (``record_prefill``, which ``speculative_step`` calls with the generation's
+    ``max_tokens``): no round starts unless its worst case (nothing accepted: the estimated
+    ``round_seconds``, the draft's prefill of the prompt in the first round, for one token)
+    fits in the ``credit``, ``PROBE_SHARE`` of the whole generation at the plain step less
+    what the rounds so far lost. Once a round does not fit, every token left is decoded plain.
+    So with any draft the rounds cost at most about ``PROBE_SHARE`` of plain decoding's time
+    (the estimates' error aside), and a short generation never pays the draft's prefill.
+    ``cost_ratio`` (the draft's forward time over the target's; by default the ratio of their
+    ``layer_weights``) prices the draft before it is timed. ``decision`` says why the last
+    ``choose()`` chose what it did: "plain: time the plain step", "plain: rounds lose",
+    "plain: budget", "round: measure costs", "round: probe", "round: pays", "round: fixed
+    length". Time is read by the caller (``record_*``), so tests drive the choice with controlled
+    costs.
     """
 
     PRIOR_ACCEPTANCE, PRIOR_TRIALS = 0.7, 3.0
@@ -155,7 +168,8 @@ class DraftLength:
     PROBE_SHARE, MAX_LOSS_RUN = 0.02, 1024
 
     def __init__(self, num_tokens: int | None = None, p_min: float | None = None, *,
-                 max_tokens: int = MAX_DRAFT_TOKENS) -> None:
+                 max_tokens: int = MAX_DRAFT_TOKENS, cost_ratio: float | None = None) -> None:
+        self.cost_ratio = cost_ratio
         self.adaptive = num_tokens is None
         self.max_tokens = int(max_tokens) if num_tokens is None else int(num_tokens)
         self.p_min = (DEFAULT_DRAFT_P_MIN if self.adaptive else 0.0) if p_min is None else float(p_min)
@@ -168,6 +182,11 @@ class DraftLength:
         self._next_plain_run = self.FIRST_PLAIN_RUN
         self._probe = False
         self._last_round = (0.0, 0)  # (seconds, tokens) of the last round
+        self._round_seconds, self._round_tokens = 0.0, 0  # of all rounds
+        self._total: int | None = None  # the generation's max_tokens (record_prefill)
+        self._catch_up_row = 0.0  # estimated draft seconds per token of a many-token catch-up
+        self._held = False  # the budget is spent: no more rounds
+        self.decision = ""
 
     @property
     def acceptance(self) -> float:
@@ -196,6 +215,8 @@ class DraftLength:
         if draft_forwards:
             _push(self._draft, draft_seconds / draft_forwards, self.SAMPLES)
         self._last_round = (verify_seconds + draft_seconds, accepted + 1)
+        self._round_seconds += verify_seconds + draft_seconds
+        self._round_tokens += accepted + 1
         _push(self._verify.setdefault(proposed + 1, []), verify_seconds, self.SAMPLES)
 
     def record_plain(self, tokens: int, seconds: float) -> None:
@@ -203,9 +224,39 @@ class DraftLength:
         if tokens:
             _push(self._plain, seconds / tokens, self.SAMPLES)
 
+    def record_prefill(self, tokens: int, seconds: float, max_tokens: int) -> None:
+        """The target prefilled ``tokens`` in ``seconds`` for a generation of ``max_tokens`` tokens:
+        the budget the draft's costs are weighed against (``credit``), and, scaled by
+        ``cost_ratio``, the estimated cost per token of the draft's own prefill and catch-ups."""
+        self._total = int(max_tokens)
+        if tokens:
+            self._catch_up_row = seconds / tokens * (1.0 if self.cost_ratio is None else self.cost_ratio)
+
+    def credit(self) -> float:
+        """Seconds the draft may still lose against plain decoding: ``PROBE_SHARE`` of the whole
+        generation's time at the plain step, less what the rounds so far lost (their time less
+        their tokens at the plain step; a round that won adds its gain). Infinite without a
+        budget (``record_prefill``) and before a plain step is timed."""
+        if self._total is None or not self._plain:
+            return math.inf
+        step = _median(self._plain)
+        return self.PROBE_SHARE * step * self._total - (self._round_seconds - self._round_tokens * step)
+
+    def round_seconds(self, k: int, catch_up: int = 1) -> float:
+        """Estimated time of a round drafting ``k`` tokens after feeding the draft the ``catch_up``
+        tokens it has not seen (its whole prompt in the first round): the measured costs where
+        there are some, else priors from the plain step and ``cost_ratio``."""
+        step = _median(self._plain)
+        draft_step = _median(self._draft) if self._draft else step * (self.cost_ratio or 1.0)
+        feed = draft_step if catch_up <= 2 else max(draft_step, catch_up * self._catch_up_row)
+        return feed + (k - 1) * draft_step + self.verify_seconds(k + 1)
+
     def verify_seconds(self, rows: int) -> float:
-        """Estimated time of a verify pass over ``rows`` rows."""
+        """Estimated time of a verify pass over ``rows`` rows (before any is timed: a plain step
+        and ``VERIFY_ROW_PRIOR`` of one for each extra row)."""
         points = sorted((n, _median(v)) for n, v in self._verify.items())
+        if not points:
+            return _median(self._plain) * (1 + VERIFY_ROW_PRIOR * (rows - 1))
         if len(points) == 1:  # one length timed: assume each extra row costs VERIFY_ROW_PRIOR of one
             n, t = points[0]
             return t * (1 + VERIFY_ROW_PRIOR * (rows - 1)) / (1 + VERIFY_ROW_PRIOR * (n - 1))
@@ -224,26 +275,42 @@ class DraftLength:
             forwards += c**k  # the draft feeds token k only if it drafted it and goes on
         return out
 
-    def choose(self) -> int:
-        """The next round's draft length; 0: decode ``plain_run()`` tokens without the draft first."""
+    def choose(self, catch_up: int = 1) -> int:
+        """The next round's draft length; 0: decode ``plain_run()`` tokens without the draft first.
+        ``catch_up``: the tokens the draft has not seen yet (the whole prompt before its first
+        round). Sets ``decision`` (see the class docstring)."""
         if not self.adaptive:
+            self.decision = "round: fixed length"
             return self.max_tokens
-        if not self._verify or not self._draft:
-            return min(INITIAL_DRAFT_TOKENS, self.max_tokens)
+        if self._held:
+            self.decision = "plain: budget"
+            return 0
         if not self._plain:
-            return 0  # time a plain step before comparing against it
-        rates = self.rates()
-        best = max(rates, key=rates.__getitem__)
-        if self._probe:
-            self._probe = False
-            return best
-        if rates[best] * _median(self._plain) > self.MARGIN:
-            self._next_plain_run = self.FIRST_PLAIN_RUN
-            return best
-        return 0
+            self.decision = "plain: time the plain step"
+            return 0
+        if not self._verify or not self._draft:
+            k, self.decision = min(INITIAL_DRAFT_TOKENS, self.max_tokens), "round: measure costs"
+        else:
+            rates = self.rates()
+            k = max(rates, key=rates.__getitem__)
+            if self._probe:
+                self._probe, self.decision = False, "round: probe"
+            elif rates[k] * _median(self._plain) > self.MARGIN:
+                self._next_plain_run, self.decision = self.FIRST_PLAIN_RUN, "round: pays"
+            else:
+                self.decision = "plain: rounds lose"
+                return 0
+        # The worst case: nothing accepted, one token for the round's whole time.
+        if self.round_seconds(k, catch_up) - _median(self._plain) > self.credit():
+            self._held, self.decision = True, "plain: budget"
+            return 0
+        return k
 
     def plain_run(self) -> int:
-        """Tokens to decode without the draft after ``choose()`` returned 0; then a probe round."""
+        """Tokens to decode without the draft after ``choose()`` returned 0; then a probe round
+        (unless the budget is spent: then every token left, ``sys.maxsize``)."""
+        if self._held:
+            return sys.maxsize
         if not self._plain:
             return self.FIRST_PLAIN_RUN  # the first run only times the plain step
         run, self._probe = max(self._next_plain_run, self._loss_run()), True
@@ -258,6 +325,17 @@ class DraftLength:
         if lost <= 0 or step <= 0:
             return 0
         return min(math.ceil(lost / (self.PROBE_SHARE * step)), self.MAX_LOSS_RUN)
+
+
+def layer_weights(config) -> int:
+    """The weights of a model's layers (attention and MLP matrices): what a prefill's matrix
+    products read per token, so the ratio of two models' counts estimates the ratio of their
+    prefill times (the embedding table and the LM head, applied to one row, are left out)."""
+    heads = config.num_attention_heads
+    kv_heads = config.num_key_value_heads or heads
+    head_dim = config.head_dim or config.hidden_size // heads
+    attention = config.hidden_size * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
+    return (attention + 3 * config.hidden_size * config.intermediate_size) * config.num_hidden_layers
 
 
 def _push(samples: list[float], value: float, limit: int) -> None:
@@ -287,6 +365,7 @@ def speculative_step(
     logprobs: bool = False,
     on_round: Callable[[int, int, bool], None] | None = None,
     on_plain: Callable[[int], None] | None = None,
+    on_decision: Callable[[str], None] | None = None,
     length: DraftLength | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[tuple[int, float | None]]:
@@ -300,8 +379,9 @@ def speculative_step(
     room to draft, tokens come from plain decode steps of the target (``generate_step``'s, running
     ahead where it does) and the draft catches up on them in its next round.
     ``on_round(proposed, accepted, stopped)`` is called once per round, before its tokens are
-    yielded (``stopped``: the draft ended it early on ``p_min``), and ``on_plain(tokens)`` once per
-    plain run, before its last token is yielded. Between rounds, the target's cache holds every
+    yielded (``stopped``: the draft ended it early on ``p_min``), ``on_plain(tokens)`` once per
+    plain run, before its last token is yielded, and ``on_decision(text)`` with each choice's
+    ``DraftLength.decision`` ("plain: last token" where no room was left to draft). Between rounds, the target's cache holds every
     token but the last one yielded and the draft's cache at most as many.
     """
     if length is None:
@@ -310,8 +390,12 @@ def speculative_step(
     for cache in (target_cache, draft_cache):
         if cache.offset >= len(seq):
             cache.trim(cache.offset - len(seq) + 1)
+    if length.cost_ratio is None:
+        length.cost_ratio = layer_weights(draft.config) / max(layer_weights(target.config), 1)
+    started, prefilled = clock(), len(seq) - target_cache.offset
     logits = prefill(target, target_cache, seq[target_cache.offset :])
     token, logprob = choose_token(target, logits, sampler, seq, rng, logprobs=logprobs, step=step_name(0, len(seq)))
+    length.record_prefill(prefilled, clock() - started, max_tokens)
     seq.append(token)
     emitted = 1
     yield token, logprob
@@ -319,8 +403,10 @@ def speculative_step(
     on_device = _rounds_on_device(target, draft, sampler, logprobs)
     while True:
         left = max_tokens - emitted
-        choice = length.choose()
+        choice = length.choose(len(seq) - draft_cache.offset)
         k = max(min(choice, left - 1, target_cache.capacity - len(seq), draft_cache.capacity - len(seq) + 1), 0)
+        if on_decision is not None:
+            on_decision(length.decision if k or choice == 0 else "plain: last token")
         if k == 0:
             # Plain decode steps: the run the length asked for, or the last token (no room to draft).
             # generate_step feeds seq[-1] first; closed after n tokens, its cache holds all but the last.

@@ -64,7 +64,9 @@ class GenerationStats:
     ``draft_lengths`` ({drafted tokens: rounds}), ``draft_stops`` (rounds the draft ended early,
     its top probability below ``draft_p_min``) and ``plain_tokens`` (tokens from plain decode
     steps: where the adaptive length found that speculation did not pay, and a last token that
-    left no room to draft). The first token comes
+    left no room to draft), and ``draft_decisions`` ({decision: times}: why each round was drafted
+    or each plain run decoded, e.g. ``"plain: budget"`` where the tokens left could not repay
+    the draft's prefill or a probe; ``speculative.DraftLength``). The first token comes
     from the prefill and is in no round. All of these stay 0 (empty) without a draft.
     """
 
@@ -84,6 +86,7 @@ class GenerationStats:
     draft_lengths: dict[int, int] = field(default_factory=dict)
     draft_stops: int = 0
     plain_tokens: int = 0
+    draft_decisions: dict[str, int] = field(default_factory=dict)
 
     def count_round(self, proposed: int, accepted: int, stopped: bool = False) -> None:
         """Add one speculative round: ``proposed`` draft tokens, ``accepted`` of them kept;
@@ -101,6 +104,10 @@ class GenerationStats:
     def count_plain(self, tokens: int) -> None:
         """Add ``tokens`` decoded by plain decode steps, without the draft."""
         self.plain_tokens += tokens
+
+    def count_decision(self, decision: str) -> None:
+        """Add one of the draft length's choices (``speculative.DraftLength.decision``)."""
+        self.draft_decisions[decision] = self.draft_decisions.get(decision, 0) + 1
 
 
 # ---------------------------------------------------------------- the stop rules
@@ -191,6 +198,7 @@ def stream_generate(
             model, draft, prompt, sampler, rng, kv_cache, draft_cache,
             num_draft_tokens=num_draft_tokens, draft_p_min=draft_p_min, max_tokens=params.max_tokens,
             logprobs=params.logprobs, on_round=stats.count_round, on_plain=stats.count_plain,
+            on_decision=stats.count_decision,
         )
     caches = [(c, kv) for c, kv in ((prefix_cache, kv_cache), (draft_prefix_cache, draft_cache)) if c is not None]
     return _events(model, tokenizer, prompt, params, kv_cache, stats, steps, caches)

@@ -123,7 +123,7 @@ def test_draft_flag_gives_the_same_greedy_text_and_json_reports_acceptance(
 def test_draft_flag_streams_and_reports_acceptance_on_stderr(tiny_dir: Path, tmp_path: Path) -> None:
     draft = make_tiny_model(tmp_path / "cli-draft", weight_noise=0.04)
     done = run_kjarni("generate", "the cat sat", "--model-path", str(tiny_dir), "--device", "cpu", "--greedy",
-                      "--max-tokens", "12", "--draft", str(draft))
+                      "--max-tokens", "12", "--draft", str(draft), "--draft-tokens", "3")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip("\n") == expected_text(tiny_dir, "the cat sat", temperature=0.0, max_tokens=12).rstrip("\n")
     assert "accepted" in done.stderr and "tokens per round" in done.stderr
