@@ -30,13 +30,18 @@ H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] 
 # product at 512 tokens on Dawn (tools/sweep_sgmat.py --tiles 64x128x32_2x4, docs/benchmarks.md,
 # sixth session, the coordinator's final call): matmul_tc (TM, TN, SM, SN, KU, SHARED) for qkv and
 # gate_up, the first kernel matmul_sgmat (BM, BN, BK, SM, SN) for o_proj and down_proj.
+# Qwen2.5-1.5B's: the seventh session's sweep (tools/sweep_sgmat.py --model qwen2.5-1.5b, 9 tiles).
 H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = {
     (1152, 896): (4, 4, 1, 1, 1, 0),  # 0.5B qkv
     (9728, 896): (4, 4, 2, 2, 2, 1),  # 0.5B gate_up (fused norm)
+    (2048, 1536): (4, 4, 1, 1, 1, 0),  # 1.5B qkv
+    (17920, 1536): (4, 4, 2, 2, 2, 1),  # 1.5B gate_up
+    (1536, 8960): (4, 4, 2, 2, 2, 1),  # 1.5B down_proj
 }
 H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
     (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj
     (896, 4864): (64, 128, 32, 2, 4),  # 0.5B down_proj
+    (1536, 1536): (64, 128, 32, 2, 4),  # 1.5B o_proj
 }
 
 
