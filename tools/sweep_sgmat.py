@@ -132,7 +132,7 @@ def main() -> None:
                      for t in tc_tiles for sp in splits_list]
         for label, family, tile, sp in variants:
             ops = WgpuOps(ctx, weight_format="f16")
-            ops.tuning.tensor_cores = tile is not None
+            ops.tuning.tensor_cores = ops.tuning.tc_quant = tile is not None
             ops.tuning.sgmat_splits = ops.tuning.tc_splits = sp
             if family == "sgmat":
                 ops.tuning.sgmat_tiles = {(rows, cols): tile}
