@@ -5,6 +5,11 @@ tokens after the prompt (decode rows stay f32, as on the GPU, which rounds only 
 than GpuTuning.matvec_max_tokens rows).
 
     python tools/parity_f16_activations.py ~/.cache/kjarni/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+
+``--f16-weights``: the weight matrices dequantized and rounded to f16 too (NumpyOps(weight_format="f16")),
+the math of the quantized tensor-core prefill (GpuTuning.tc_quant: each weight tile dequantized to f16
+in workgroup memory); its decode rows then use those f16 weights too, where the GPU's one-token
+products read the quantized weights (with int8 activations), so read the prompt figures.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model")
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--f16-weights", action="store_true", help="also round the (dequantized) weight matrices to f16")
     args = parser.parse_args()
     min_tokens = GpuTuning().matvec_max_tokens + 1
     ref = load_model(args.model, ops=NumpyOps())
-    f16 = load_model(args.model, ops=NumpyOps(activations="f16", f16_activation_min_tokens=min_tokens))
-    report = {"model": args.model, "f16_activation_min_tokens": min_tokens, "prompts": []}
+    weight_format = "f16" if args.f16_weights else "f32"
+    f16 = load_model(args.model, ops=NumpyOps(weight_format=weight_format, activations="f16", f16_activation_min_tokens=min_tokens))
+    report = {"model": args.model, "f16_activation_min_tokens": min_tokens, "weights": weight_format, "prompts": []}
     for prompt in PROMPTS:
         ids = ref.tokenizer.encode(prompt)
         caches = [m.model.new_cache(len(ids) + args.steps) for m in (ref, f16)]
