@@ -21,11 +21,16 @@
 // 4 (i % (hd/4)) .. over the keys of subset i / (hd/4), four keys a trip (each trip's values
 // loaded one trip ahead, the first before the scores), and the subsets' partial outputs are
 // added by a tree through workgroup memory.
+// LEAN (GpuTuning.attention_step_lean): fewer serial steps a workgroup: the new key is scored in
+// the parallel score loop (from workgroup memory) instead of by one thread over all dims, the sum
+// of the softmax takes one barrier (the last use of reduce_v), and the subsets' partial outputs
+// are added by the first hd / 4 threads in one pass after one barrier instead of a tree.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
 override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
 override SPLITS: u32 = 1u;  // workgroups per head, each over a run of the keys
+override LEAN: bool = false;
 const MAX_KEYS: u32 = 1024u;
 struct Params {
     num_heads: u32,
@@ -104,13 +109,35 @@ fn rotated4(head: u32, e: u32, pos: u32) -> vec4<f32> {
                      rotated(head, e + 3u, pos));
 }
 
-// This thread's share (dims kl, kl + KL, ..) of q . k for the cache row starting at vec4 `row`.
-fn score_part(row: u32, kl: u32) -> f32 {
+// This thread's share (dims kl, kl + KL, ..) of q . k for the cache row starting at vec4 `row`,
+// or (fresh) for the new key in k_sh.
+fn score_part(row: u32, kl: u32, fresh: bool) -> f32 {
     var acc = 0.0;
     for (var i = kl; i < HEAD_DIM / 4u; i += KL) {
-        acc += dot(q_sh[i], kv_load(k_cache[row + i]));
+        var k = k_sh[i];
+        if (!fresh) {
+            k = kv_load(k_cache[row + i]);
+        }
+        acc += dot(q_sh[i], k);
     }
     return acc;
+}
+
+// workgroup_sum without its closing barrier: reduce_v is not written again (LEAN). Its barrier
+// also publishes p_sh.
+fn workgroup_sum_once(v: f32, lid: u32, sg: vec3<u32>) -> f32 {
+// #if subgroup
+    let s = subgroupAdd(v);
+    if (sg.z == 0u) { reduce_v[sg.x] = s; }
+    let parts = sg.y;
+// #else
+    reduce_v[lid] = v;
+    let parts = WG;
+// #endif
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < parts; i++) { total += reduce_v[i]; }
+    return total;
 }
 
 fn key_sum(v: f32) -> f32 {
@@ -192,25 +219,29 @@ fn main(
     var j = j0 + lid / KL;
     // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
     // checks it): threads past the run's last cache key in the final trip load a clamped row and
-    // store nothing.
-    let trips = (count + 2u * slots - 1u) / (2u * slots);
+    // store nothing. LEAN: keys from `last` on (the new key, and any past the run) read k_sh, and
+    // key `last` is scored here too.
+    let scored = select(end, j1, LEAN);
+    let keys = scored - min(scored, j0);
+    let trips = (keys + 2u * slots - 1u) / (2u * slots);
+    let row_last = max(end, 1u) - 1u;
     for (var trip = 0u; trip < trips; trip++) {
         let jb = j + slots;
-        let a0 = score_part((base + min(j, end - 1u)) * d4, kl);
-        let a1 = score_part((base + min(jb, end - 1u)) * d4, kl);
+        let a0 = score_part((base + min(j, row_last)) * d4, kl, LEAN && j >= last);
+        let a1 = score_part((base + min(jb, row_last)) * d4, kl, LEAN && jb >= last);
         let s0 = key_sum(a0);
         let s1 = key_sum(a1);
-        if (kl == 0u && j < end) {
+        if (kl == 0u && j < scored) {
             p_sh[j - j0] = s0;
             m_local = max(m_local, s0);
-            if (jb < end) {
+            if (jb < scored) {
                 p_sh[jb - j0] = s1;
                 m_local = max(m_local, s1);
             }
         }
         j += 2u * slots;
     }
-    if (lid == 0u && has_last) {
+    if (!LEAN && lid == 0u && has_last) {
         var s = 0.0;
         for (var i = 0u; i < d4; i++) {
             s += dot(q_sh[i], k_sh[i]);
@@ -225,7 +256,12 @@ fn main(
         p_sh[i] = p;
         l_local += p;
     }
-    let l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+    var l: f32;
+    if (LEAN) {
+        l = workgroup_sum_once(l_local, lid, sg);
+    } else {
+        l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+    }
     // p v: v0 .. v3 hold keys k, k + subsets, .. (loaded a trip ahead, clamped to the run).
     var o = vec4<f32>(0.0);
     var k = subset;  // relative to j0
@@ -260,11 +296,20 @@ fn main(
     }
     o_sh[lid] = o;
     workgroupBarrier();
-    for (var stride = subsets / 2u; stride > 0u; stride >>= 1u) {  // subsets is a power of two
-        if (subset < stride) {
-            o_sh[lid] += o_sh[lid + stride * d4];
+    if (LEAN) {
+        if (lid < d4) {
+            for (var t = 1u; t < subsets; t++) {
+                o += o_sh[lid + t * d4];
+            }
+            o_sh[lid] = o;  // read back below by the same thread only
         }
-        workgroupBarrier();
+    } else {
+        for (var stride = subsets / 2u; stride > 0u; stride >>= 1u) {  // subsets is a power of two
+            if (subset < stride) {
+                o_sh[lid] += o_sh[lid + stride * d4];
+            }
+            workgroupBarrier();
+        }
     }
     if (SPLITS == 1u) {
         if (lid < d4) {

@@ -41,7 +41,7 @@ def _f16(a):
     return a.astype(np.float16).astype(np.float32)
 
 
-@pytest.mark.parametrize("splits", [1, 8])
+@pytest.mark.parametrize("splits,lean", [(1, False), (8, False), (1, True), (8, True)])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
@@ -52,12 +52,13 @@ def _f16(a):
     (4, 2, 64, 64, None, 64, 2),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt, splits):
+                                                                rotary_dim, window, threads, prompt, splits, lean):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_step_threads = ops.tuning.attention_split_threads = threads
     ops.tuning.attention_step_splits = splits
+    ops.tuning.attention_step_lean = lean
     capacity = prompt + 8
     rope = _rope(head_dim, rotary_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -113,11 +114,12 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
 
 
 @pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,rows,splits,prompt", [
-    (14, 2, 64, 896, 8, 40), (6, 2, 128, 75, 3, 19), (4, 1, 64, 203, 8, 2),
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rows,splits,prompt,lean", [
+    (14, 2, 64, 896, 8, 40, False), (6, 2, 128, 75, 3, 19, False), (4, 1, 64, 203, 8, 2, False),
+    (14, 2, 64, 896, 32, 40, True), (6, 2, 128, 75, 16, 19, True),
 ])
 def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
-                                                                   splits, prompt):
+                                                                   splits, prompt, lean):
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
     64 and 128, fewer keys than splits)."""
@@ -126,6 +128,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
     ops.tuning.attention_step_splits = splits
+    ops.tuning.attention_step_lean = lean
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")

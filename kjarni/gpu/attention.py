@@ -260,7 +260,8 @@ class Attention:
         heads = pending.shape[1] // hd
         rotary_dim = 0 if rope is None else rope.shape[1]
         splits = max(1, tuning.attention_step_splits) if ctx.has_subgroups else 1
-        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits)
+        key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
+               tuning.attention_step_lean)
         plan = self.plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -276,7 +277,8 @@ class Attention:
                 threads *= 2
             kl = next(k for k in (4, 2, 1) if (hd // 4) % k == 0) if ctx.has_subgroups else 1
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
-                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits})
+                                    constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
+                                               "LEAN": int(tuning.attention_step_lean)})
             plan = self.plans[key] = (pipeline, params)
         pipeline, params = plan
         if splits > 1:

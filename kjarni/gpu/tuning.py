@@ -239,6 +239,10 @@ class GpuTuning:
     attention_step_splits: int = 8
     """Flash-decoding inside attention_step: workgroups per head, each over a run of the keys,
     merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups."""
+    attention_step_lean: bool = False
+    """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
+    loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
+    in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
     attention_split_threads: int = 128
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
     matvec_attn_merge: bool = True
