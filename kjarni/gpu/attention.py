@@ -209,7 +209,17 @@ class Attention:
 
     def fuses_rope(self, tokens: int, start: int) -> bool:
         """Whether rope_store of ``tokens`` at ``start`` waits for the next attention (attention_step)."""
-        return tokens == 1 and self.tuning.fuse_rope and start + 1 <= min(self.tuning.attention_single_max, STEP_MAX_KEYS)
+        return tokens == 1 and self.tuning.fuse_rope and start + 1 <= self.step_max_keys()
+
+    def step_splits(self) -> int:
+        """Workgroups per head of attention_step (a split needs subgroups: the o_proj merge)."""
+        return max(1, self.tuning.attention_step_splits) if self.context.has_subgroups else 1
+
+    def step_max_keys(self) -> int:
+        """Positions up to which a one-token step runs attention_step: ``attention_step_max`` (0:
+        ``attention_single_max``), at most STEP_MAX_KEYS a split."""
+        tuning = self.tuning
+        return min(tuning.attention_step_max or tuning.attention_single_max, self.step_splits() * STEP_MAX_KEYS)
 
     def single_pass(self, tokens: int, start: int, window: int | None) -> bool:
         """Whether a few-token attention at ``start`` runs attention_single (else flash-decoding)."""
@@ -259,7 +269,7 @@ class Attention:
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
         heads = pending.shape[1] // hd
         rotary_dim = 0 if rope is None else rope.shape[1]
-        splits = max(1, tuning.attention_step_splits) if ctx.has_subgroups else 1
+        splits = self.step_splits()
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
                tuning.attention_step_lean)
         plan = self.plans.get(key)

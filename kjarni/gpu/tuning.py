@@ -239,6 +239,9 @@ class GpuTuning:
     attention_step_splits: int = 8
     """Flash-decoding inside attention_step: workgroups per head, each over a run of the keys,
     merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups."""
+    attention_step_max: int = 0
+    """A one-token step runs attention_step up to this many positions (0: ``attention_single_max``;
+    at most 1,024 keys a split), else rope_store, attention_single or flash-decoding."""
     attention_step_lean: bool = False
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
