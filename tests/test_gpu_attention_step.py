@@ -121,8 +121,9 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
     (14, 2, 64, 896, 8, 40, False), (6, 2, 128, 75, 3, 19, False), (4, 1, 64, 203, 8, 2, False),
     (14, 2, 64, 896, 32, 40, True), (6, 2, 128, 75, 16, 19, True),
 ])
+@pytest.mark.parametrize("key_lanes", [4, 8])
 def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
-                                                                   splits, prompt, lean):
+                                                                   splits, prompt, lean, key_lanes):
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
     64 and 128, fewer keys than splits)."""
@@ -132,6 +133,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
+    ops.tuning.attention_step_key_lanes = key_lanes
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")

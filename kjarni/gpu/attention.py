@@ -271,7 +271,7 @@ class Attention:
         rotary_dim = 0 if rope is None else rope.shape[1]
         splits = self.step_splits()
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
-               tuning.attention_step_lean)
+               tuning.attention_step_lean, tuning.attention_step_key_lanes)
         plan = self.plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -285,7 +285,8 @@ class Attention:
             threads = hd // 4
             while threads * 2 <= limit:
                 threads *= 2
-            kl = next(k for k in (4, 2, 1) if (hd // 4) % k == 0) if ctx.has_subgroups else 1
+            kl = next(k for k in (8, 4, 2, 1) if k <= tuning.attention_step_key_lanes and (hd // 4) % k == 0) \
+                if ctx.has_subgroups else 1
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
                                     constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
                                                "LEAN": int(tuning.attention_step_lean)})

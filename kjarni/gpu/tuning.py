@@ -246,6 +246,9 @@ class GpuTuning:
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
     in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
+    attention_step_key_lanes: int = 4
+    """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
+    most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
     attention_split_threads: int = 128
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
     matvec_attn_merge: bool = True
