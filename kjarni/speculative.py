@@ -149,11 +149,12 @@ class DraftLength:
     ``max_tokens``): no round starts unless its worst case (nothing accepted: the estimated
     ``round_seconds``, the draft's prefill of the prompt in the first round, for one token)
     fits in the ``credit``, ``PROBE_SHARE`` of the whole generation at the plain step less
-    what the rounds so far lost. Once a round does not fit, every token left is decoded plain.
-    So with any draft the rounds cost at most about ``PROBE_SHARE`` of plain decoding's time
-    (the estimates' error aside), and a short generation never pays the draft's prefill.
+    what the rounds so far lost (a round the model expects to pay is weighed at its expected
+    tokens instead). Once a round does not fit, every token left is decoded plain. So with any
+    draft the rounds cost at most about ``PROBE_SHARE`` of plain decoding's time (the estimates'
+    error aside), and a short generation never pays the draft's prefill.
     ``cost_ratio`` (the draft's forward time over the target's; by default the ratio of their
-    ``layer_weights``) prices the draft before it is timed. ``decision`` says why the last
+    ``step_weights``) prices the draft before it is timed. ``decision`` says why the last
     ``choose()`` chose what it did: "plain: time the plain step", "plain: rounds lose",
     "plain: budget", "round: measure costs", "round: probe", "round: pays", "round: fixed
     length". Time is read by the caller (``record_*``), so tests drive the choice with controlled
@@ -246,8 +247,7 @@ class DraftLength:
         """Estimated time of a round drafting ``k`` tokens after feeding the draft the ``catch_up``
         tokens it has not seen (its whole prompt in the first round): the measured costs where
         there are some, else priors from the plain step and ``cost_ratio``."""
-        step = _median(self._plain)
-        draft_step = _median(self._draft) if self._draft else step * (self.cost_ratio or 1.0)
+        draft_step = self._draft_step()
         feed = draft_step if catch_up <= 2 else max(draft_step, catch_up * self._catch_up_row)
         return feed + (k - 1) * draft_step + self.verify_seconds(k + 1)
 
@@ -266,7 +266,7 @@ class DraftLength:
 
     def rates(self) -> dict[int, float]:
         """The cost model: expected tokens per second of a round of each length ``1 .. max_tokens``."""
-        a, c, step = self.acceptance, self.continuation, _median(self._draft)
+        a, c, step = self.acceptance, self.continuation, self._draft_step()
         out, tokens, drafted, forwards = {}, 1.0, 0.0, 1.0
         for k in range(1, self.max_tokens + 1):
             tokens += (c * a) ** k
@@ -274,6 +274,15 @@ class DraftLength:
             out[k] = tokens / max(forwards * step + self.verify_seconds(1 + drafted), 1e-12)
             forwards += c**k  # the draft feeds token k only if it drafted it and goes on
         return out
+
+    def expected_tokens(self, k: int) -> float:
+        """The tokens a round drafting up to ``k`` is expected to produce (the accepted drafts and one)."""
+        ca = self.continuation * self.acceptance
+        return 1.0 + sum(ca**i for i in range(1, k + 1))
+
+    def _draft_step(self) -> float:
+        """The draft's time per forward: measured, else ``cost_ratio`` of a plain step."""
+        return _median(self._draft) if self._draft else _median(self._plain) * (self.cost_ratio or 1.0)
 
     def choose(self, catch_up: int = 1) -> int:
         """The next round's draft length; 0: decode ``plain_run()`` tokens without the draft first.
@@ -288,7 +297,7 @@ class DraftLength:
         if not self._plain:
             self.decision = "plain: time the plain step"
             return 0
-        if not self._verify or not self._draft:
+        if not self._verify:
             k, self.decision = min(INITIAL_DRAFT_TOKENS, self.max_tokens), "round: measure costs"
         else:
             rates = self.rates()
@@ -300,8 +309,10 @@ class DraftLength:
             else:
                 self.decision = "plain: rounds lose"
                 return 0
-        # The worst case: nothing accepted, one token for the round's whole time.
-        if self.round_seconds(k, catch_up) - _median(self._plain) > self.credit():
+        # A round measuring or probing risks the worst case (nothing accepted: one token for the
+        # round's whole time), one the model expects to pay its expected tokens.
+        tokens = self.expected_tokens(k) if self.decision == "round: pays" else 1.0
+        if self.round_seconds(k, catch_up) - tokens * _median(self._plain) > self.credit():
             self._held, self.decision = True, "plain: budget"
             return 0
         return k
@@ -327,15 +338,17 @@ class DraftLength:
         return min(math.ceil(lost / (self.PROBE_SHARE * step)), self.MAX_LOSS_RUN)
 
 
-def layer_weights(config) -> int:
-    """The weights of a model's layers (attention and MLP matrices): what a prefill's matrix
-    products read per token, so the ratio of two models' counts estimates the ratio of their
-    prefill times (the embedding table and the LM head, applied to one row, are left out)."""
+def step_weights(config) -> int:
+    """The weights a decode step reads: the layers' attention and MLP matrices and the LM head
+    (an untied one, or the tied embedding table read as one). The ratio of two models' counts
+    estimates the ratio of their step times, and (slightly over, the LM head being applied to
+    one row) of their prefill times."""
     heads = config.num_attention_heads
     kv_heads = config.num_key_value_heads or heads
     head_dim = config.head_dim or config.hidden_size // heads
     attention = config.hidden_size * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
-    return (attention + 3 * config.hidden_size * config.intermediate_size) * config.num_hidden_layers
+    layers = (attention + 3 * config.hidden_size * config.intermediate_size) * config.num_hidden_layers
+    return layers + config.vocab_size * config.hidden_size
 
 
 def _push(samples: list[float], value: float, limit: int) -> None:
@@ -391,7 +404,7 @@ def speculative_step(
         if cache.offset >= len(seq):
             cache.trim(cache.offset - len(seq) + 1)
     if length.cost_ratio is None:
-        length.cost_ratio = layer_weights(draft.config) / max(layer_weights(target.config), 1)
+        length.cost_ratio = step_weights(draft.config) / max(step_weights(target.config), 1)
     started, prefilled = clock(), len(seq) - target_cache.offset
     logits = prefill(target, target_cache, seq[target_cache.offset :])
     token, logprob = choose_token(target, logits, sampler, seq, rng, logprobs=logprobs, step=step_name(0, len(seq)))
