@@ -38,6 +38,19 @@ H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None]
     (17920, 1536): (4, 4, 2, 2, 2, 1),  # 1.5B gate_up
     (1536, 8960): (4, 4, 2, 2, 2, 1),  # 1.5B down_proj
 }
+# (GGUF format, segment rows, cols) -> matmul_tc SHARED tile for quantized prefill weights (tc_quant):
+# the H200 sweep's fastest per Qwen2.5-0.5B product at 512 tokens on Dawn (tools/sweep_sgmat.py
+# --format q8_0 / q4_k, 4 tiles, eighth session, docs/benchmarks.md); other shapes take tc_quant_tile.
+H200_TC_QUANT_TILES: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = {
+    ("Q8_0", 1152, 896): (2, 4, 2, 2, 2, 1),  # 0.5B qkv
+    ("Q8_0", 896, 896): (4, 2, 2, 4, 2, 1),  # 0.5B o_proj
+    ("Q8_0", 9728, 896): (4, 4, 2, 2, 2, 1),  # 0.5B gate_up
+    ("Q8_0", 896, 4864): (4, 2, 2, 4, 2, 1),  # 0.5B down_proj
+    ("Q5_0", 1152, 896): (2, 4, 2, 2, 2, 1),  # 0.5B qkv (the Q4_K file's Q5_0 rows)
+    ("Q5_0", 896, 896): (4, 2, 2, 4, 2, 1),  # 0.5B o_proj
+    ("Q5_0", 9728, 896): (4, 2, 2, 4, 2, 1),  # 0.5B gate_up
+    ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 1),  # 0.5B down_proj
+}
 H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
     (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj
     (896, 4864): (64, 128, 32, 2, 4),  # 0.5B down_proj
@@ -143,14 +156,18 @@ class GpuTuning:
     tc_tiles: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_TC_TILES))
     """Per (segment rows, cols): a matmul_tc tile, or None for the SIMT kernel (tools/sweep_sgmat.py)."""
-    tc_quant: bool = False
-    """Tensor cores also for quantized prefill weights (kernels.TC_QUANT_FORMATS: Q8_0, Q4_K, Q5_0, ..):
+    tc_quant: bool = True
+    """Tensor cores also for quantized prefill weights (kernels.TC_QUANT_FORMATS: Q8_0, Q4_K, Q5_0, ..)
+    where the device has an f16 subgroup-matrix configuration (Dawn; nothing changes on wgpu-native):
     matmul_tc dequantizes each weight tile to f16 in workgroup memory (one f16 rounding of the
     dequantized weight; ``NumpyOps(weight_format="f16", activations="f16")`` is the reference).
-    False (until measured on a GPU): the SIMT matmul in float32, as before."""
+    H200, Qwen2.5-0.5B, 512 tokens on Dawn: Q8_0 50,665 prefill tok/s against 22,753 with the SIMT
+    kernel, Q4_K 47,634 against 22,853 (docs/benchmarks.md, eighth session). False: the SIMT matmul
+    in float32."""
     tc_quant_tile: tuple[int, int, int, int, int, int] = (4, 4, 2, 2, 2, 1)
     """matmul_tc's tile for quantized weights where ``tc_quant_tiles`` names none (a SHARED tile)."""
-    tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(default_factory=dict)
+    tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(
+        default_factory=lambda: dict(H200_TC_QUANT_TILES))
     """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
@@ -236,20 +253,24 @@ class GpuTuning:
     """A one-token rope_store is recorded by the next attention (attention_step.wgsl)."""
     attention_step_threads: int = 1024
     """Threads of an unsplit attention_step (at most; head_dim / 4 times a power of two)."""
-    attention_step_splits: int = 8
+    attention_step_splits: int = 16
     """Flash-decoding inside attention_step: workgroups per head, each over a run of the keys,
-    merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups."""
+    merged by the o_proj matvec (1: one workgroup per head writes the output); needs subgroups.
+    16 (with ``attention_step_lean``, 8 key lanes and 256 split threads): the H200 A/B of the
+    eighth session (tools/ab_attention_gpu.py, docs/benchmarks.md), attention_step plus the merging
+    o_proj 860-878 -> 780-788 us a step (1.5B), 548-550 -> 519-520 (0.5B), 658-662 -> 612-618
+    (SmolLM2) at a 512-token context, against 8 splits of 128 threads, 4 lanes, not lean."""
     attention_step_max: int = 0
     """A one-token step runs attention_step up to this many positions (0: ``attention_single_max``;
     at most 1,024 keys a split), else rope_store, attention_single or flash-decoding."""
-    attention_step_lean: bool = False
+    attention_step_lean: bool = True
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
     in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
-    attention_step_key_lanes: int = 4
+    attention_step_key_lanes: int = 8
     """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
     most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
-    attention_split_threads: int = 128
+    attention_split_threads: int = 256
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
     matvec_attn_merge: bool = True
     """The o_proj matvec merges a split attention_step's partials (False: attention_combine, one
