@@ -188,6 +188,11 @@ class NumpyOps:
             self._int_dot_weights[id(out)] = out
         return out
 
+    @property
+    def has_int_dot_weights(self) -> bool:
+        """Whether a loaded weight is one whose one-token products ``quantize_activations`` rounds."""
+        return len(self._int_dot_weights) > 0
+
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> NumpyKVCache:
         return NumpyKVCache(num_layers, num_kv_heads, head_dim, capacity)
 

@@ -4,6 +4,13 @@ Both backends prefill the prompt, then decode greedily for ``steps`` tokens. Eve
 the numpy backend's token (teacher forcing), so the logits stay comparable after a first
 disagreement; the report gives the logit differences over every compared row, how often the two
 agree on the top token, and the first step where their greedy choices differ.
+
+Where the GPU's decode products by Q8_0, Q5_0 and Q4_K weights round their input to int8 blocks
+(``GpuTuning.matvec_int_dot``, on by default), plain float32 numpy is not the math the GPU does: a
+second numpy pass over the same weights with ``quantize_activations`` on
+(`kjarni.numpy_ops.quantize_activations`) is, and the report gives the difference from both. The
+first says how far the GPU's answer is from the float32 reference; the second, how far its kernels
+are from the math they implement (float32 tolerance).
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ class ParityReport:
     cpu_tokens: tuple[int, ...]
     gpu_tokens: tuple[int, ...]
     runtime: str = ""  # the WebGPU runtime that ran the GPU side ("wgpu-py 0.32.0 (wgpu-native)")
+    # Against numpy with the decode products' inputs rounded to int8 as the GPU rounds them; None
+    # when no decode product of this model does (no Q8_0/Q5_0/Q4_K weight, or matvec_int_dot off).
+    max_abs_diff_matched: float | None = None
+    mean_abs_diff_matched: float | None = None
 
     def to_text(self) -> str:
         diverged = "none" if self.first_divergence is None else f"step {self.first_divergence}"
@@ -47,6 +58,10 @@ class ParityReport:
                 f"compared rows    {self.steps + 1} (prompt of {self.prompt_tokens} tokens, then {self.steps} greedy steps)",
                 f"max |logit diff| {self.max_abs_diff:.3g}",
                 f"mean |diff|      {self.mean_abs_diff:.3g}",
+                *([] if self.max_abs_diff_matched is None else [
+                    "  against numpy with int8-rounded decode inputs, as the GPU's integer dot computes:",
+                    f"  max |diff| {self.max_abs_diff_matched:.3g}, mean {self.mean_abs_diff_matched:.3g}",
+                ]),
                 f"top-1 agreement  {self.top1_agreement:.1%}",
                 f"first divergence {diverged}",
             ]
@@ -79,6 +94,8 @@ def run_parity(
     cpu = load_model(path, ops=NumpyOps(), quiet=quiet)
     notice(f"parity: loading {label} on the GPU ({context.description}, {weight_format} weights)", quiet)
     gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format), quiet=quiet)
+    cpu_ops: NumpyOps = cpu.model.ops
+    matched = bool(gpu.model.ops.tuning.matvec_int_dot) and cpu_ops.has_int_dot_weights
     ids = cpu.tokenizer.encode(prompt)
     if not ids:
         if cpu.tokenizer.bos_token_id is None:
@@ -86,14 +103,29 @@ def run_parity(
         ids = [cpu.tokenizer.bos_token_id]
     capacity = len(ids) + steps
     cpu_cache, gpu_cache = cpu.model.new_cache(capacity), gpu.model.new_cache(capacity)
+    matched_cache = cpu.model.new_cache(capacity) if matched else None
+
+    def matched_forward(tokens: list[int]) -> np.ndarray | None:
+        """The same numpy model with int8-rounded one-token product inputs, on its own cache."""
+        if matched_cache is None:
+            return None
+        cpu_ops.quantize_activations = True
+        try:
+            return cpu_ops.read(cpu.model.forward(tokens, matched_cache))[0]
+        finally:
+            cpu_ops.quantize_activations = False
+
     bar = Progress(steps + 1, f"parity: prompt of {len(ids)} tokens + {steps} greedy steps on both", quiet, unit="steps")
     with bar:  # one unit per compared row: the prompt, then each greedy step
         cpu_logits = cpu.model.ops.read(cpu.model.forward(ids, cpu_cache))[0]
         gpu_logits = gpu.model.ops.read(gpu.model.forward(ids, gpu_cache))[0]
-        diffs, agree, cpu_tokens, gpu_tokens = [], [], [], []
+        matched_logits = matched_forward(ids)
+        diffs, matched_diffs, agree, cpu_tokens, gpu_tokens = [], [], [], [], []
         for step in range(steps + 1):
             bar.update(1)
             diffs.append(np.abs(cpu_logits - gpu_logits))
+            if matched_logits is not None:
+                matched_diffs.append(np.abs(matched_logits - gpu_logits))
             cpu_tokens.append(int(np.argmax(cpu_logits)))
             gpu_tokens.append(int(np.argmax(gpu_logits)))
             agree.append(cpu_tokens[-1] == gpu_tokens[-1])
@@ -101,7 +133,9 @@ def run_parity(
                 break
             cpu_logits = cpu.model.ops.read(cpu.model.forward([cpu_tokens[-1]], cpu_cache))[0]
             gpu_logits = gpu.model.ops.read(gpu.model.forward([cpu_tokens[-1]], gpu_cache))[0]
+            matched_logits = matched_forward([cpu_tokens[-1]])
     all_diffs = np.stack(diffs)
+    all_matched = np.stack(matched_diffs) if matched_diffs else None
     first = next((i for i, same in enumerate(agree) if not same), None)
     return ParityReport(
         model=label,
@@ -116,5 +150,7 @@ def run_parity(
         cpu_tokens=tuple(cpu_tokens),
         gpu_tokens=tuple(gpu_tokens),
         runtime=context.runtime.description,
+        max_abs_diff_matched=None if all_matched is None else float(all_matched.max()),
+        mean_abs_diff_matched=None if all_matched is None else float(all_matched.mean()),
     )
 

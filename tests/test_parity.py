@@ -51,3 +51,23 @@ def test_real_smollm2_greedy_tokens_on_the_gpu_equal_numpy_for_16_steps(prompt, 
     assert len(report.cpu_tokens) == 16
     assert report.first_divergence is None, report
     assert report.gpu_tokens == report.cpu_tokens
+
+
+def test_q8_0_parity_reports_the_int8_activation_reference_beside_float32(tmp_path, wgpu_context):
+    """The GPU's Q8_0 decode products round x to int8 blocks (matvec_int_dot): against numpy with
+    the same rounding its logits agree to float32 tolerance; against plain float32 numpy they move
+    by that rounding, which the report keeps as max_abs_diff."""
+    from tests.tiny_models import quant_config, random_state_dict, save_gguf_model
+
+    config = quant_config()
+    path = save_gguf_model(tmp_path / "tiny-q8.gguf", config, random_state_dict(config, seed=5), quant="Q8_0")
+    report = run_parity(path, "hello there", steps=6, context=wgpu_context, quiet=True)
+    assert report.max_abs_diff_matched is not None and report.mean_abs_diff_matched is not None
+    assert report.max_abs_diff_matched < 1e-3
+    assert report.max_abs_diff > 10 * report.max_abs_diff_matched  # the rounding shows against f32
+    assert "int8-rounded decode inputs" in report.to_text()
+
+
+def test_float_weights_have_no_int8_reference(tiny_model, wgpu_context):
+    report = run_parity(tiny_model, "hi", steps=2, context=wgpu_context, quiet=True)
+    assert report.max_abs_diff_matched is None and "int8" not in report.to_text()
