@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,7 +79,7 @@ class RandomWeights:
 
     def raw(self, name: str):
         shape = self.shapes[name]
-        rng = np.random.default_rng(abs(hash(name)) % (1 << 32))
+        rng = np.random.default_rng(zlib.crc32(name.encode()))  # the same weights in every process
         if len(shape) == 1:
             base = 1.0 if name.endswith("norm.weight") else 0.0
             return (base + rng.standard_normal(shape) * 0.02).astype(np.float32)
@@ -88,7 +89,11 @@ class RandomWeights:
 
 
 def random_quant(fmt: str, shape: tuple[int, int], rng):
-    """Random GGUF blocks of type ``fmt`` with small f16 scales (a valid tensor of that type)."""
+    """Random GGUF blocks of type ``fmt`` (a valid tensor of that type) whose dequantized weights
+    have mean about 0 and standard deviation about 0.02, as the f16 ones: random quants, fixed
+    scales. (Until the ninth session the scales were 0.001 with random Q4_K sub-block scales and
+    mins, a mean of about +0.2 a weight: on the Qwen2.5-1.5B shape the down projections' inputs
+    reached 1.6e5, past float16's 65,504, so the f16 tensor-core prefill gave NaN.)"""
     import gguf
 
     from kjarni.weights import QuantTensor
@@ -102,10 +107,27 @@ def random_quant(fmt: str, shape: tuple[int, int], rng):
     nb = cols // block
     data = rng.integers(0, 256, (rows, nb * size), dtype=np.uint8)
     blocks = data.reshape(rows, nb, size)
-    scale_fields = {"Q8_0": (0, 1), "Q4_0": (0, 1), "Q5_0": (0, 1), "Q4_K": (0, 2), "Q6_K": (208, 1)}[qtype.name]
-    first, count = scale_fields
-    d = np.full((rows, nb, count), 0.001, np.float16)
-    blocks[:, :, first : first + 2 * count] = d.view(np.uint8).reshape(rows, nb, 2 * count)
+
+    def put(offset: int, values, dtype) -> None:
+        raw = np.asarray(values, dtype).view(np.uint8)
+        blocks[:, :, offset : offset + raw.size] = raw
+
+    name = qtype.name
+    if name == "Q8_0":  # d * q, q uniform in [-128, 127] (std 74)
+        put(0, [0.02 / 74], np.float16)
+    elif name in ("Q5_0", "Q4_0"):  # d * (q - 16) or d * (q - 8): std 9.2 or 4.6
+        put(0, [0.02 / (9.2 if name == "Q5_0" else 4.6)], np.float16)
+    elif name == "Q4_K":
+        # every scale byte 0x11: sub-blocks 0-3 get scale = min = 17, sub-blocks 4-7 scale = min = 1;
+        # dmin = 7.5 d makes each sub-block d * scale * (q - 7.5), q uniform in [0, 15] (std 4.6).
+        d = 0.02 / (4.6 * np.sqrt((17**2 + 1) / 2))
+        put(0, [d, 7.5 * d], np.float16)
+        blocks[:, :, 4:16] = 0x11
+    elif name == "Q6_K":  # d * scale * (q - 32), scales 1, q uniform in [0, 63] (std 18.5)
+        blocks[:, :, 192:208] = 1
+        put(208, [0.02 / 18.5], np.float16)
+    else:
+        raise ValueError(f"random_quant has no scale layout for {name}")
     return QuantTensor(qtype, shape, data)
 
 
