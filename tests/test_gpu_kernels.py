@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kjarni.errors import ContextOverflowError, GenerationFailedError, GpuUnavailableError
+from kjarni.gpu import kernels
 from kjarni.numpy_ops import NumpyKVCache, NumpyOps
 
 pytestmark = pytest.mark.gpu
@@ -215,45 +216,84 @@ def test_attention_prefill_split_over_keys_matches_numpy(wgpu_context, head_dim,
     assert (("attention_combine", chunk) in chunks) == (chunk > 0)
 
 
+def _tiled_calls(ops, kv_format, head_dim, window, heads=7, kv_heads=1):
+    """Run _attention_case's 37 + 70 + 12 tokens through ops, checking each against numpy; the
+    attention kernels it ran."""
+    calls = []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
+    try:
+        for _, _, out, out_ref in _attention_case(ops, kv_format, [37, 70, 12], heads=heads, kv_heads=kv_heads,
+                                                  head_dim=head_dim, window=window):
+            np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
+    finally:
+        del ops.context.pipeline
+    return {c for c in calls if c.startswith("attention")}
+
+
 @pytest.mark.parametrize("chunk", [0, 32, 64])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("window", [None, 23, 50])
 def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
-    """attention_tiled (head_dim 64: 32 query rows x 32-key tiles, online softmax per tile): a
-    37-token prompt, then 70 and 12 more tokens on top of the cache (blocks that start mid-tile,
-    a partial last block, windows that begin inside a tile), 7 query heads on 1 KV head; whole
-    (chunk 0) and with the keys split over workgroups in chunks of 32 or 64, merged by
+    """attention_tiled (head_dim 64's default tile: 32 query rows x 32-key tiles, online softmax
+    per tile): a 37-token prompt, then 70 and 12 more tokens on top of the cache (blocks that start
+    mid-tile, a partial last block, windows that begin inside a tile), 7 query heads on 1 KV head;
+    whole (chunk 0) and with the keys split over workgroups in chunks of 32 or 64, merged by
     attention_combine (splits a window hides entirely, splits past a block)."""
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_tiled_chunk = chunk
-    calls = []
-    real = ops.context.pipeline
-    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
-    try:
-        for _, _, out, out_ref in _attention_case(ops, kv_format, [37, 70, 12], heads=7, kv_heads=1, head_dim=64, window=window):
-            np.testing.assert_allclose(out, out_ref, atol=1e-4, rtol=1e-4)
-    finally:
-        del ops.context.pipeline
-    assert "attention_tiled" in calls and "attention_prefill" not in calls
+    calls = _tiled_calls(ops, kv_format, 64, window)
+    assert "attention_tiled.hd64_q32_k32" in calls and "attention_prefill" not in calls
+    assert ("attention_combine" in calls) == (chunk > 0)
 
 
-def test_attention_tiled_workgroup_memory_is_what_the_host_checks(wgpu_context):
-    """WgpuOps uses attention_tiled only on devices with ATTENTION_TILED_BYTES of workgroup
-    memory: the figure must be the shader's."""
+@pytest.mark.parametrize("shape", kernels.ATTENTION_TILED_SHAPES, ids=lambda s: kernels.attention_tiled_variant(*s))
+@pytest.mark.parametrize("kv_format, chunk, window", [("f32", 0, None), ("f16", 32, 23)])
+def test_every_attention_tile_matches_numpy_where_it_fits(wgpu_context, shape, kv_format, chunk, window):
+    """Every tile of attention_tiled.tmpl.wgsl (head_dim 64 and 128, 16 or 32 query rows, 16- or
+    32-key tiles) asked for through GpuTuning.attention_tiled_rows / _keys, 3 query heads per KV
+    head; a tile larger than this device's workgroup memory gives way to the first that fits (on
+    lavapipe's 32 KiB head_dim 128 runs 16 x 16), and what runs is what tiled_shape says."""
+    from kjarni.gpu import WgpuOps
+
+    hd, rows, keys = shape
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    ops.tuning.attention_tiled_rows, ops.tuning.attention_tiled_keys = rows, keys
+    ops.tuning.attention_tiled_chunk = chunk
+    ran = ops._attention.tiled_shape(hd)
+    fits = kernels.attention_tiled_bytes(hd, rows, keys) <= wgpu_context.max_workgroup_storage
+    assert ran == (rows, keys) if fits else kernels.attention_tiled_bytes(hd, *ran) <= wgpu_context.max_workgroup_storage
+    calls = _tiled_calls(ops, kv_format, hd, window, heads=6, kv_heads=2)
+    assert f"attention_tiled.{kernels.attention_tiled_variant(hd, *ran)}" in calls and "attention_prefill" not in calls
+
+
+@pytest.mark.parametrize("shape", kernels.ATTENTION_TILED_SHAPES, ids=lambda s: kernels.attention_tiled_variant(*s))
+def test_attention_tiled_workgroup_memory_is_what_the_host_checks(shape):
+    """The host picks a tile by kernels.attention_tiled_bytes: the figure must be the shader's."""
     import re
 
-    from kjarni.gpu import kernels
-    from kjarni.gpu.attention import ATTENTION_TILED_BYTES
-
-    src = kernels.source("attention_tiled", frozenset())
+    src = kernels.template("attention_tiled", kernels.attention_tiled_variant(*shape))
     consts = {k: int(v) for k, v in re.findall(r"const (\w+): u32 = (\d+)u;", src)}
+    consts.update({k: eval(re.sub(r"(\d+)u", r"\1", v), {}, consts)  # noqa: S307 (our own shader)
+                   for k, v in re.findall(r"const (\w+): u32 = ([^;]*[A-Z][^;]*);", src)})
+    sizes = {"vec4<f32>": 16, "f32": 4, "RV": 4 * (shape[1] // 8)}
     total = 0
-    for kind, size in re.findall(r"var<workgroup> \w+: array<(vec4<f32>|f32), ([^>]+)>;", src):
-        elems = eval(re.sub(r"(\d+)u", r"\1", size), {}, consts)  # noqa: S307 (constants of our own shader)
-        total += elems * (16 if kind.startswith("vec4") else 4)
-    assert total == ATTENTION_TILED_BYTES
+    for kind, size in re.findall(r"var<workgroup> \w+: array<(vec4<f32>|f32|RV), ([^>]+)>;", src):
+        total += eval(re.sub(r"(\d+)u", r"\1", size), {}, consts) * sizes[kind]  # noqa: S307
+    assert len(re.findall(r"var<workgroup>", src)) == 5
+    assert total == kernels.attention_tiled_bytes(*shape)
+
+
+def test_head_dim_without_a_tile_runs_attention_prefill(wgpu_context):
+    """head_dim 96 has no attention_tiled tile: attention_prefill serves it."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
+    assert ops._attention.tiled_shape(96) is None
+    calls = _tiled_calls(ops, "f16", 96, None, heads=2, kv_heads=1)
+    assert "attention_prefill" in calls and not any(c.startswith("attention_tiled") for c in calls)
 
 
 def test_attention_tiled_takes_longer_chunks_when_the_partials_would_be_too_large(wgpu_context):

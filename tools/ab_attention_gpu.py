@@ -64,14 +64,19 @@ def main() -> None:
     parser.add_argument("--prefill", default="", help="variants separated by ';' (default: the defaults)")
     parser.add_argument("--decode", default="", help="variants separated by ';' (default: the defaults)")
     parser.add_argument("--out", default=None, help="append each result as a JSON line to this file")
+    parser.add_argument("--runtime", choices=("wgpu", "dawn"), default=None,
+                        help="WebGPU runtime (default: $KJARNI_WEBGPU_RUNTIME, else wgpu)")
+    parser.add_argument("--dawn-fast", action="store_true", help="Dawn only: disable_robustness / disable_workgroup_init")
     args = parser.parse_args()
     if not os.environ.get("XDG_RUNTIME_DIR"):
         import tempfile
 
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="kjarni-xdg-")
     from kjarni.gpu import WgpuContext, WgpuOps
+    from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES, requested_runtime
 
-    ctx = WgpuContext()
+    fast = args.dawn_fast and requested_runtime(args.runtime) == "dawn"
+    ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if fast else ())
     ops = WgpuOps(ctx, weight_format="f16")
     model = bench_gpu.build(args.model, args.format, ops)
     names = ops.tuning.field_names()
@@ -81,7 +86,8 @@ def main() -> None:
     bench_gpu._warm_up(ops, model, prompt, cache)
 
     def emit(result: dict) -> None:
-        result.update(shape=args.model, format=args.format, context=args.context, adapter=ctx.description)
+        result.update(shape=args.model, format=args.format, context=args.context, adapter=ctx.description,
+                      runtime=ctx.runtime.description, dawn_fast=fast)
         line = json.dumps(result)
         print(line, flush=True)
         if args.out:

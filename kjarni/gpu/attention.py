@@ -3,7 +3,7 @@
 `Attention.attention` picks the kernel: a one-token step fused with rope_store (attention_step.wgsl,
 optionally split over the keys and merged by the next matvec), one pass over a short context
 (attention_single), flash-decoding (attention_decode + attention_combine), and for a prefill the
-register-tiled kernel (head_dim 64) or attention_prefill. The choices read `GpuTuning`.
+register-tiled kernel (head_dim 64 or 128) or attention_prefill. The choices read `GpuTuning`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
 SINGLE_WG = 512  # threads of attention_single
 STEP_MAX_KEYS = 1024  # attention_step.wgsl's MAX_KEYS
-ATTENTION_TILED_BYTES = 30720  # attention_tiled.wgsl's workgroup memory: q, k, v 8 KiB each, p 4, maxima 2
+ATTENTION_TILED_DEFAULTS = {64: (32, 32), 128: (32, 16)}
+"""head_dim -> (query rows a workgroup, keys a tile) of attention_tiled where GpuTuning names none
+(`kernels.ATTENTION_TILED_SHAPES`; a device with less workgroup memory takes the first that fits)."""
 
 
 class WgpuKVCache:
@@ -168,18 +170,21 @@ class Attention:
             ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
-        elif hd == 64 and tuning.attention_tiled and ctx.max_workgroup_storage >= ATTENTION_TILED_BYTES:
-            # Register-tiled flash attention: 32 query rows x 32-key tiles per workgroup; past
+        elif tuning.attention_tiled and (shape := self.tiled_shape(hd)) is not None:
+            # Register-tiled flash attention: BQ query rows x BKT-key tiles per workgroup; past
             # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
             # attention_combine merges the splits as for flash-decoding.
             # The partials grow with tokens x splits: long prompts take longer chunks (doubling).
+            variant = kernels.attention_tiled_variant(hd, *shape)
             chunk, splits = self.key_chunk(tuning.attention_tiled_chunk, tokens, heads, hd, start)
-            grid = (-(-tokens // 32), heads, splits)
+            grid = (-(-tokens // shape[0]), heads, splits)
+            tiled = ctx.pipeline(f"attention_tiled.{variant}", ATTENTION_KINDS, flags=flags,
+                                 constants={"CHUNK": chunk} if splits > 1 else None,
+                                 source=lambda: kernels.template("attention_tiled", variant, frozenset(flags)),
+                                 unchecked=tuning.attention_tiled_unchecked)
             if splits <= 1:
-                tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags)
                 ctx.dispatch(tiled, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
                 return out
-            tiled = ctx.pipeline("attention_tiled", ATTENTION_KINDS, flags=flags, constants={"CHUNK": chunk})
             self.split_keys(tiled, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         else:
             # Threads per query row: a power of two dividing hd / 4, within a subgroup.
@@ -206,6 +211,22 @@ class Attention:
             else:
                 self.split_keys(prefill, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         return out
+
+    def tiled_shape(self, hd: int) -> tuple[int, int] | None:
+        """(query rows, keys a tile) of attention_tiled for ``hd``: GpuTuning's
+        ``attention_tiled_rows`` / ``_keys`` where they name a tile of ``hd``, else `ATTENTION_TILED_DEFAULTS`, else the first
+        tile of `kernels.ATTENTION_TILED_SHAPES` that fits the device's workgroup memory; None
+        where none does (attention_prefill runs)."""
+        tuning = self.tuning
+        shapes = [(bq, bkt) for d, bq, bkt in kernels.ATTENTION_TILED_SHAPES if d == hd]
+        wanted = (tuning.attention_tiled_rows, tuning.attention_tiled_keys)
+        if wanted not in shapes:  # (0, 0), or a tile of other head sizes only
+            wanted = ATTENTION_TILED_DEFAULTS.get(hd, (0, 0))
+        limit = self.context.max_workgroup_storage
+        for shape in [wanted] + shapes:
+            if shape in shapes and kernels.attention_tiled_bytes(hd, *shape) <= limit:
+                return shape
+        return None
 
     def fuses_rope(self, tokens: int, start: int) -> bool:
         """Whether rope_store of ``tokens`` at ``start`` waits for the next attention (attention_step)."""

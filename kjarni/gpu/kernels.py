@@ -281,6 +281,67 @@ def matvec_f16_fields(r: int, un: int) -> dict[str, str]:
     return {"R": str(r), "UN": str(un), "ROWS": rows, "FULL": "\n".join(full), "TAIL": "\n".join(tail)}
 
 
+ATTENTION_TILED_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (64, 32, 32), (64, 32, 16), (64, 16, 32), (64, 16, 16), (128, 32, 16), (128, 16, 32), (128, 16, 16),
+)
+"""The prefill attention's register tiles (``attention_tiled.tmpl.wgsl``): (head_dim, BQ query rows
+a workgroup, BKT keys a tile). Per head_dim the host takes `GpuTuning.attention_tiled_rows` /
+``_keys`` or the default of `kjarni.gpu.attention`, else the first here that fits the device."""
+
+
+def attention_tiled_variant(hd: int, bq: int, bkt: int) -> str:
+    """The ``attention_tiled`` variant name, e.g. ``hd128_q32_k16``."""
+    return f"hd{hd}_q{bq}_k{bkt}"
+
+
+def attention_tiled_bytes(hd: int, bq: int, bkt: int) -> int:
+    """Workgroup memory of an ``attention_tiled`` variant: Q [BQ, hd], K and V [BKT, hd], P
+    [BKT, BQ] and the row maxima / sums [BQ, 16], all f32."""
+    return 4 * (hd * bq + 2 * hd * bkt + bkt * bq + 16 * bq)
+
+
+def attention_tiled_fields(hd: int, bq: int, bkt: int) -> dict[str, str]:
+    """The fields of ``attention_tiled.tmpl.wgsl`` for one tile, each thread's registers written
+    out: RT = BQ / 8 rows (a ``vecRT`` per key), KT = BKT / 16 keys of the scores, DV = hd / 64
+    vec4s of each row's output, and NE = BKT hd / 512 K/V elements of each tile load."""
+    rt, kt, dv, ne = bq // 8, bkt // 16, hd // 64, bkt * hd // 512
+    comp = "xyzw"
+    rows, vec4s, keys = range(rt), range(dv), range(kt)
+    masked = [f"select(RV(NEG), s{j}, see{j})" for j in keys]
+    part = masked[0] if kt == 1 else f"max({', '.join(masked)})"
+    stores = []
+    for i in rows:
+        stores.append(f"    if (r + {i}u < rows) {{")
+        stores.append(f"        let l{i} = row_sum(r + {i}u);")
+        stores += [f"        store4(wid.z, t0 + r + {i}u, h, tx + {16 * c}u, o{i}_{c}, m.{comp[i]}, l{i});" for c in vec4s]
+        stores.append("    }")
+    return {
+        "HEAD_DIM": str(hd), "BQ": str(bq), "BKT": str(bkt), "RT": str(rt),
+        "TILE_FIELDS": "\n".join(f"    e{e}: KV," for e in range(ne)),
+        "TILE_FETCH": ", ".join(f"fetch_kv(kv_head, k0, kmax, lid + {128 * e}u)" for e in range(ne)),
+        "TILE_STORE": "\n".join(f"        store_kv(lid + {128 * e}u, tile.e{e});" for e in range(ne)),
+        "SEES": ", ".join(f"visible(key, pos + {i}u)" for i in rows),
+        "O_DECL": "\n".join(f"    var o{i}_{c} = vec4<f32>(0.0);  // row RT ty + {i}, dims 4 (tx + {16 * c}) .." for i in rows for c in vec4s),
+        "S_DECL": "\n".join(f"        var s{j} = RV(0.0);" for j in keys),
+        "S_BODY": "\n".join([f"            let q{i} = q_sh[d4 * BQ + RT * ty + {i}u];" for i in rows]
+                            + [line for j in keys for line in (
+                                f"            let k{j} = k_sh[d4 * BKT + tx + {16 * j}u];",
+                                f"            s{j} += RV({', '.join(f'dot(q{i}, k{j})' for i in rows)});")]),
+        "S_MASK": "\n".join([f"        let see{j} = sees(k0 + tx + {16 * j}u, pos0);" for j in keys]
+                            + [f"        let part = {part};"]),
+        "RED_MAX": "\n".join(f"        red[(RT * ty + {i}u) * 16u + tx] = part.{comp[i]};" for i in rows),
+        "ROW_MAXES": ", ".join(f"row_max(RT * ty + {i}u)" for i in rows),
+        "P_EXP": "\n".join([f"        let p{j} = select(RV(0.0), exp(s{j} - m_new), see{j});" for j in keys]
+                           + [f"        l = l * corr + {' + '.join(f'p{j}' for j in keys)};"]),
+        "P_STORE": "\n".join(f"        p_sh[(tx + {16 * j}u) * 8u + ty] = p{j};  // P [key][ty]" for j in keys),
+        "O_SCALE": "\n".join(f"        o{i}_{c} *= corr.{comp[i]};" for i in rows for c in vec4s),
+        "PV_BODY": "\n".join([f"            let v{c} = v_sh[j * D4 + tx + {16 * c}u];" for c in vec4s]
+                             + [f"            o{i}_{c} = fma(vec4<f32>(p.{comp[i]}), v{c}, o{i}_{c});" for i in rows for c in vec4s]),
+        "RED_SUM": "\n".join(f"    red[(RT * ty + {i}u) * 16u + tx] = l.{comp[i]};" for i in rows),
+        "STORE_ROWS": "\n".join(stores),
+    }
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
@@ -293,6 +354,7 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}
                for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
+    "attention_tiled": {attention_tiled_variant(*shape): attention_tiled_fields(*shape) for shape in ATTENTION_TILED_SHAPES},
     "matmul_sgmat": {
         sgmat_variant(bm, bn, bk, sm, sn, sg): sgmat_fields(bm, bn, bk, sm, sn, sg)
         for bm, bn, bk, sm, sn in SGMAT_TILES for sg in (32, 64)

@@ -289,12 +289,21 @@ class GpuTuning:
     attention_prefill_lanes: int = 8
     """Threads sharing a query row in attention_prefill (at most the smallest subgroup size)."""
     attention_tiled: bool = True
-    """Prefill with head_dim 64: attention_tiled.wgsl (else attention_prefill)."""
+    """Prefill with head_dim 64 or 128: attention_tiled.tmpl.wgsl (else attention_prefill)."""
+    attention_tiled_rows: int = 0
+    """Query rows a workgroup of attention_tiled (16 or 32, with ``attention_tiled_keys``, for the
+    head sizes `kernels.ATTENTION_TILED_SHAPES` has that tile for; 0: the per-head_dim default of
+    `kjarni.gpu.attention.ATTENTION_TILED_DEFAULTS`)."""
+    attention_tiled_keys: int = 0
+    """Keys a tile of attention_tiled (16 or 32; 0: the default)."""
+    attention_tiled_unchecked: bool = False
+    """Compile attention_tiled without naga's runtime index checks (every access is in range by
+    construction: keys past the tile's last are not loaded, rows past the prompt not stored)."""
     attention_tiled_chunk: int = 128
     """Keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)."""
     attention_prefill_chunk: int = 128
-    """Keys per workgroup of attention_prefill (other head sizes than 64) past this many (a
-    multiple of 16; 0: no split)."""
+    """Keys per workgroup of attention_prefill (head sizes attention_tiled has no tile for) past
+    this many (a multiple of 16; 0: no split)."""
     attention_partial_max_bytes: int = 64 << 20
     """attention_tiled's and attention_prefill's split partials: longer chunks beyond this many bytes."""
 
