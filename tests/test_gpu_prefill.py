@@ -218,6 +218,31 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     assert kernels_run == (3 if splits == 1 else 4), "the two uploads (an embed each) and one matmul (+ reduce): no silu_mul dispatch"
 
 
+@pytest.mark.parametrize("qtype", [None, T.Q8_0, T.Q4_K], ids=["f16", "Q8_0", "Q4_K"])
+def test_matmul_unchecked_tuning_compiles_the_prefill_matmul_without_checks(make_ops, qtype, monkeypatch):
+    """GpuTuning.matmul_unchecked reaches the matmul's pipeline, whose result is numpy's (rows past
+    the tile's last, a fused norm, tokens past the last whole tile)."""
+    ops = make_ops("f16", "tile64x128_split_k")
+    ops.tuning.matmul_unchecked = True
+    asked = []
+    real = ops.context.pipeline
+    monkeypatch.setattr(ops.context, "pipeline", lambda kernel, kinds, **kw: asked.append((kernel, kw.get("unchecked", False)))
+                        or real(kernel, kinds, **kw))
+    rng = np.random.default_rng(6)
+    cols, rows, tokens = 768, 37, 21
+    if qtype is None:
+        w = rand(rng, rows, cols)
+        gw, w_ref, name = ops.weight(w, name="w"), f16_round(w), "matmul.f16"
+    else:
+        qt = random_quant(qtype, rows, cols, seed=int(qtype))
+        gw, w_ref, name = ops.weight(qt, name="wq"), gguf.quants.dequantize(qt.data, qtype), "matmul." + qtype.name
+    x, nw = rand(rng, tokens, cols), rand(rng, cols)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="n"), 1e-5, gw))
+    expected = ref.norm_linear(x, nw, 1e-5, w_ref)
+    np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=1e-4)
+    assert (name, True) in asked and (name, False) not in asked
+
+
 def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops, monkeypatch):
     """WgpuContext.pipeline(unchecked=True) (wgpu-native's trusted shader module, measured by
     tools/sweep_matmul.py --unchecked) builds a working pipeline; distinct from the checked one."""

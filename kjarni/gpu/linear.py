@@ -29,14 +29,15 @@ def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int, nbuf: int = 1
     return nbuf * ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
 
 
-def template_pipeline(context: WgpuContext, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None) -> Any:
+def template_pipeline(context: WgpuContext, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None,
+                      unchecked: bool = False) -> Any:
     """The pipeline of ``shaders/<op>.tmpl.wgsl`` rendered for weight format ``fmt`` (kernels.TEMPLATES),
-    named ``<op>.<fmt>``."""
+    named ``<op>.<fmt>`` (``unchecked``: see `WgpuContext.pipeline`)."""
 
     def source() -> str:
         return kernels.template(op, fmt)
 
-    return context.pipeline(f"{op}.{fmt}", kinds, constants=constants, source=source)
+    return context.pipeline(f"{op}.{fmt}", kinds, constants=constants, source=source, unchecked=unchecked)
 
 
 class Linear:
@@ -203,7 +204,8 @@ class Linear:
         if self.uses_matmul(seg, tokens):
             tm, tn, bk, ksplit, nbuf = self.matmul_config(seg.rows, tokens, cols)
             constants = {"TM": tm, "TN": tn, "BK": bk, "KSPLIT": ksplit, "NBUF": nbuf}
-            pipeline = template_pipeline(ctx, "matmul", seg.format, LINEAR_KINDS, constants)
+            pipeline = template_pipeline(ctx, "matmul", seg.format, LINEAR_KINDS, constants,
+                                         unchecked=self.tuning.matmul_unchecked)
             return pipeline, params, (-(-seg.rows // (8 * tn)), -(-tokens // (8 * tm)), 1)
         h16 = self.matvec_f16_config(seg.format, seg.rows, cols) if tokens == 1 else None
         if h16 is not None:

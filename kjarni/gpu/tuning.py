@@ -137,6 +137,10 @@ class GpuTuning:
     """Automatic split: at most this many K splits per tile."""
     matmul_nbuf: int = 1
     """2: double-buffered matmul tiles (one barrier a K step) where workgroup memory allows."""
+    matmul_unchecked: bool = False
+    """Compile matmul.tmpl.wgsl without naga's runtime index checks (every access is in range by
+    construction: x rows clamped to the prompt, columns guarded by the step's end, weight rows
+    padded to whole units and clamped to the last row, workgroup tiles sized by the overrides)."""
     matmul_configs: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = field(
         default_factory=lambda: dict(H200_MATMUL_CONFIGS))
     """Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
@@ -267,6 +271,9 @@ class GpuTuning:
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
     in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
+    attention_step_unchecked: bool = False
+    """Compile attention_step without naga's runtime index checks (keys are read only inside
+    [lo, p], workgroup arrays indexed below their override-sized lengths)."""
     attention_step_key_lanes: int = 8
     """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
     most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
@@ -296,9 +303,12 @@ class GpuTuning:
     `kjarni.gpu.attention.ATTENTION_TILED_DEFAULTS`)."""
     attention_tiled_keys: int = 0
     """Keys a tile of attention_tiled (16 or 32; 0: the default)."""
-    attention_tiled_unchecked: bool = False
+    attention_tiled_unchecked: bool = True
     """Compile attention_tiled without naga's runtime index checks (every access is in range by
-    construction: keys past the tile's last are not loaded, rows past the prompt not stored)."""
+    construction: keys past the tile's last are not loaded, rows past the prompt not stored).
+    H200, wgpu-native, 512-token prefill, all layers (tools/ab_attention_gpu.py, 2 rounds): 1.5B
+    5,813 -> 2,446 us, 0.5B 3,184 -> 1,355 us; no change on Dawn, whose fast toggles drop the
+    checks anyway (docs/benchmarks.md, tenth session)."""
     attention_tiled_chunk: int = 128
     """Keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)."""
     attention_prefill_chunk: int = 128
