@@ -218,12 +218,13 @@ def test_prefill_matmul_applies_a_pending_silu_mul_while_loading(wgpu_context, f
     assert kernels_run == (3 if splits == 1 else 4), "the two uploads (an embed each) and one matmul (+ reduce): no silu_mul dispatch"
 
 
+@pytest.mark.parametrize("unchecked", [True, False])
 @pytest.mark.parametrize("qtype", [None, T.Q8_0, T.Q4_K], ids=["f16", "Q8_0", "Q4_K"])
-def test_matmul_unchecked_tuning_compiles_the_prefill_matmul_without_checks(make_ops, qtype, monkeypatch):
-    """GpuTuning.matmul_unchecked reaches the matmul's pipeline, whose result is numpy's (rows past
-    the tile's last, a fused norm, tokens past the last whole tile)."""
+def test_matmul_unchecked_tuning_decides_how_the_prefill_matmul_is_compiled(make_ops, qtype, unchecked, monkeypatch):
+    """GpuTuning.matmul_unchecked (on by default) reaches the matmul's pipeline, whose result is
+    numpy's either way (rows past the tile's last, a fused norm, tokens past the last whole tile)."""
     ops = make_ops("f16", "tile64x128_split_k")
-    ops.tuning.matmul_unchecked = True
+    ops.tuning.matmul_unchecked = unchecked
     asked = []
     real = ops.context.pipeline
     monkeypatch.setattr(ops.context, "pipeline", lambda kernel, kinds, **kw: asked.append((kernel, kw.get("unchecked", False)))
@@ -240,7 +241,7 @@ def test_matmul_unchecked_tuning_compiles_the_prefill_matmul_without_checks(make
     got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="n"), 1e-5, gw))
     expected = ref.norm_linear(x, nw, 1e-5, w_ref)
     np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max(), rtol=1e-4)
-    assert (name, True) in asked and (name, False) not in asked
+    assert (name, unchecked) in asked and (name, not unchecked) not in asked
 
 
 def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops, monkeypatch):
@@ -251,7 +252,7 @@ def test_a_kernel_compiled_without_runtime_checks_gives_the_same_result(make_ops
     rng = np.random.default_rng(5)
     x, w = rand(rng, 40, 300), rand(rng, 50, 300)
     real = ctx.pipeline
-    monkeypatch.setattr(ctx, "pipeline", lambda kernel, kinds, **kw: real(kernel, kinds, **kw, unchecked=True))
+    monkeypatch.setattr(ctx, "pipeline", lambda kernel, kinds, **kw: real(kernel, kinds, **{**kw, "unchecked": True}))
     got = ops.read(ops.linear(upload(ops, x), ops.weight(w, name="w")))
     np.testing.assert_allclose(got, ref.linear(x, w, None, None), atol=2e-4, rtol=1e-4)
     constants = {"TM": 8, "TN": 16, "BK": 8, "KSPLIT": 4, "NBUF": 1}

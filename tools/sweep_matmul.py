@@ -8,8 +8,9 @@ groups splitting K, S workgroups splitting K with matmul_reduce after them, for 
 fused norm) is timed with timestamp queries around one compute pass of ``--reps`` back-to-back
 dispatches (median of ``--passes``), each dispatch on another copy of the weight, and checked
 against numpy; configurations needing more workgroup memory than the device has are skipped.
-``--configs "TM,TN,BK,KSPLIT,S;..."`` sweeps only those. ``--unchecked`` also times every variant
-compiled without naga's runtime checks (WgpuContext.pipeline(unchecked=True)); ``--probe`` adds
+``--configs "TM,TN,BK,KSPLIT,S;..."`` sweeps only those. Variants are compiled as the library
+compiles them (GpuTuning.matmul_unchecked: without naga's runtime checks); ``--unchecked`` times
+every variant both ways (WgpuContext.pipeline(unchecked=...)); ``--probe`` adds
 diagnostic kernels without the step loop's global loads, or also its barriers (timing only).
 
     python tools/sweep_matmul.py --reps 30 --passes 5    # on the GPU to tune (H200: see docs/benchmarks.md)
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kjarni.gpu import kernels
 from kjarni.gpu.linear import LINEAR_KINDS, matmul_workgroup_bytes
 from kjarni.gpu.ops import WgpuOps
+from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
 from tools.sweep_matvec import EPS, Bench
 
@@ -64,6 +66,7 @@ CONFIGS = [
     (8, 16, 8, 4, 1, 1), (8, 16, 8, 2, 2, 1), (8, 16, 8, 1, 2, 1), (8, 16, 8, 1, 1, 1),
     (16, 8, 8, 4, 1, 1), (16, 8, 8, 2, 2, 1), (8, 8, 8, 4, 1, 1), (8, 8, 8, 4, 2, 1), (8, 8, 8, 2, 2, 1),
 ]
+DEFAULTS = GpuTuning()
 SPLIT_CONFIGS = [(*c, s) for c in ((8, 16, 8, 4, 1), (8, 16, 8, 2, 2), (8, 8, 8, 4, 2), (16, 16, 16, 1, 2)) for s in (2, 3, 4)]
 
 FMA_PEAK = """
@@ -122,9 +125,10 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
     picked = ops_choice(bench, rows, tokens, cols, flags)
     flops = 2.0 * tokens * rows * cols
     results = []
-    configs = [(c, u, None) for u in ((False, True) if args.unchecked else (False,)) for c in CONFIGS]
+    checks = (False, True) if args.unchecked else (DEFAULTS.matmul_unchecked,)
+    configs = [(c, u, None) for u in checks for c in CONFIGS]
     if not flags & LINEAR_NORM:
-        configs += [(c, False, None) for c in SPLIT_CONFIGS]
+        configs += [(c, u, None) for u in checks for c in SPLIT_CONFIGS]
     if args.probe:
         configs += [(c, False, probe) for c in CONFIGS for probe in PROBES]
     for cfg, unchecked, probe in configs:
@@ -156,7 +160,7 @@ def run_shape(bench: Bench, name: str, fmt: str, rows: int, cols: int, flags: in
             results.append({"shape": name, "format": fmt, "variant": label, "config": list(cfg), "unchecked": unchecked,
                             "us": round(sec * 1e6, 1), "tflops": round(flops / sec / 1e12, 2),
                             "rel_err": float(f"{err:.2e}"), "ok": err < 1e-4 or bool(probe), "grid": list(grid),
-                            "ops": tuple(cfg) == picked and not unchecked})
+                            "ops": tuple(cfg) == picked and unchecked == DEFAULTS.matmul_unchecked})
         except Exception as exc:  # noqa: BLE001 (a variant that fails must not end the sweep)
             results.append({"shape": name, "format": fmt, "variant": label, "error": str(exc)[:300]})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)

@@ -310,8 +310,7 @@ class Attention:
                 if ctx.has_subgroups else 1
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
                                     constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
-                                               "LEAN": int(tuning.attention_step_lean)},
-                                    unchecked=tuning.attention_step_unchecked)
+                                               "LEAN": int(tuning.attention_step_lean)})
             plan = self.plans[key] = (pipeline, params)
         pipeline, params = plan
         if splits > 1:

@@ -137,10 +137,13 @@ class GpuTuning:
     """Automatic split: at most this many K splits per tile."""
     matmul_nbuf: int = 1
     """2: double-buffered matmul tiles (one barrier a K step) where workgroup memory allows."""
-    matmul_unchecked: bool = False
+    matmul_unchecked: bool = True
     """Compile matmul.tmpl.wgsl without naga's runtime index checks (every access is in range by
     construction: x rows clamped to the prompt, columns guarded by the step's end, weight rows
-    padded to whole units and clamped to the last row, workgroup tiles sized by the overrides)."""
+    padded to whole units and clamped to the last row, workgroup tiles sized by the overrides).
+    H200, wgpu-native, 512-token prefill (tools/ab_attention_gpu.py, 2 rounds): matmuls of the
+    1.5B f16 shape 56.2 -> 49.0 ms (8,410 -> 9,548 tok/s), 0.5B f16 18.9 -> 16.5 ms (23,350 ->
+    26,600), 0.5B Q8_0 20.9 -> 18.7 ms (docs/benchmarks.md, tenth session)."""
     matmul_configs: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = field(
         default_factory=lambda: dict(H200_MATMUL_CONFIGS))
     """Per (segment rows, cols): (TM, TN, BK, KSPLIT, NBUF, S) measured by tools/sweep_matmul.py,
@@ -271,9 +274,6 @@ class GpuTuning:
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
     in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
-    attention_step_unchecked: bool = False
-    """Compile attention_step without naga's runtime index checks (keys are read only inside
-    [lo, p], workgroup arrays indexed below their override-sized lengths)."""
     attention_step_key_lanes: int = 8
     """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
     most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
