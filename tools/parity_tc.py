@@ -6,7 +6,8 @@ far the rounding moves the logits). Needs an adapter with f16 subgroup matrices 
 A quantized file's weights are dequantized and uploaded as f16 (the f16 tensor-core path), or with
 ``--quantized`` kept in their GGUF format (GpuTuning.tc_quant: each weight tile dequantized and
 rounded to f16 in workgroup memory, the same values as numpy's f16 weights); ``matmul_kernels``
-names the kernels that ran.
+names the kernels that ran. The GPU's KV cache is float32 as numpy's (``--kv-format f16``: the
+default of an f16-weight WgpuOps, one more rounding that numpy does not mirror).
 
     python tools/parity_tc.py model.gguf --runtime dawn --dawn-fast [--quantized]
 """
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--runtime", default="dawn")
     parser.add_argument("--dawn-fast", action="store_true", help="Dawn's disable_robustness / disable_workgroup_init")
     parser.add_argument("--quantized", action="store_true", help="keep quantized weights quantized (tc_quant)")
+    parser.add_argument("--kv-format", choices=("f32", "f16"), default="f32", help="the GPU's KV cache (numpy's is f32)")
     args = parser.parse_args()
     from kjarni.tensors import QuantTensor
 
@@ -47,7 +49,7 @@ def main() -> None:
             return super().weight([p.dequantize() if isinstance(p, QuantTensor) else p for p in listed], name=name)
 
     ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if args.dawn_fast else ())
-    ops = (WgpuOps if args.quantized else F16Ops)(ctx, weight_format="f16")
+    ops = (WgpuOps if args.quantized else F16Ops)(ctx, weight_format="f16", kv_format=args.kv_format)
     ops.tuning.tensor_cores = True
     ops.tuning.tc_quant = args.quantized
     min_tokens = ops.tuning.matvec_max_tokens + 1
@@ -55,7 +57,7 @@ def main() -> None:
     ref16 = load_model(args.model, ops=NumpyOps(weight_format="f16", activations="f16", f16_activation_min_tokens=min_tokens))
     ref32 = load_model(args.model, ops=NumpyOps(weight_format="f16"))
     report = {"model": args.model, "adapter": ctx.description, "runtime": ctx.runtime.description,
-              "f16_matrix_subgroup": ctx.f16_matrix_subgroup, "quantized": args.quantized, "prompts": []}
+              "f16_matrix_subgroup": ctx.f16_matrix_subgroup, "quantized": args.quantized, "kv_format": args.kv_format, "prompts": []}
     for prompt in PROMPTS:
         ids = ref32.tokenizer.encode(prompt)
         ctx.profile(True)
