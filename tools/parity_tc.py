@@ -1,7 +1,8 @@
 """The tensor-core prefill (matmul_tc, GpuTuning.tensor_cores) on a real model against numpy: the GPU's
 prompt logits, every position, against NumpyOps with the same f16 weights and the same f16 rounding
-of the activations (NumpyOps(activations="f16"): the tight check) and against f32 activations (how
-far the rounding moves the logits). Needs an adapter with f16 subgroup matrices (Dawn). Prints JSON.
+of the activations (NumpyOps(activations="f16"): tight per product, over a whole model a bound, as
+f16 roundings that flip on the last bit of a sum compound over the layers; docs/benchmarks.md) and
+against f32 activations (how far the rounding moves the logits). Needs an adapter with f16 subgroup matrices (Dawn). Prints JSON.
 
 A quantized file's weights are dequantized and uploaded as f16 (the f16 tensor-core path), or with
 ``--quantized`` kept in their GGUF format (GpuTuning.tc_quant: each weight tile dequantized and

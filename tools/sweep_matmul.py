@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kjarni.gpu import kernels
 from kjarni.gpu.linear import LINEAR_KINDS, matmul_workgroup_bytes
 from kjarni.gpu.ops import WgpuOps
-from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
+from kjarni.gpu.tuning import GpuTuning
 from tools.sweep_matvec import EPS, Bench
 
 MODELS = {  # model: {product: (rows, cols, flags)}, the prefill products of one layer

@@ -308,7 +308,7 @@ class GpuTuning:
     construction: keys past the tile's last are not loaded, rows past the prompt not stored).
     H200, wgpu-native, 512-token prefill, all layers (tools/ab_attention_gpu.py, 2 rounds): 1.5B
     5,813 -> 2,446 us, 0.5B 3,184 -> 1,355 us; no change on Dawn, whose fast toggles drop the
-    checks anyway (docs/benchmarks.md, tenth session)."""
+    checks anyway (docs/benchmarks.md, ninth session, call 2)."""
     attention_tiled_chunk: int = 128
     """Keys per workgroup of attention_tiled past this many (a multiple of 32; 0: no split)."""
     attention_prefill_chunk: int = 128
