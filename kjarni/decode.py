@@ -126,7 +126,7 @@ def generate_step(
     if kv_cache.offset >= len(prompt):
         kv_cache.trim(kv_cache.offset - len(prompt) + 1)
     logits = prefill(model, kv_cache, prompt[kv_cache.offset :])
-    if _runs_ahead(model.ops, sampler, logprobs):
+    if runs_ahead(model.ops, sampler, logprobs):
         yield from _decode_ahead(model, kv_cache, logits, prompt, sampler, rng, max_tokens, first_burst)
         return
     history = list(prompt)
@@ -138,7 +138,7 @@ def generate_step(
         logits = decode_one_token(model, kv_cache, token)
 
 
-def _runs_ahead(ops, sampler: Sampler, logprobs: bool) -> bool:
+def runs_ahead(ops, sampler: Sampler, logprobs: bool) -> bool:
     """Whether the backend chooses tokens on its device: greedy without a penalty, or a sampler
     its ``samples_ahead`` accepts (the GPU: top-k, no penalty); never with logprobs."""
     if getattr(ops, "decode_ahead", 1) <= 1 or logprobs:

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from kjarni.backend import KVCache
-from kjarni.decode import checked_ids, choose_token, generate_step, prefill, step_name, verify
+from kjarni.decode import checked_ids, choose_token, generate_step, prefill, runs_ahead, step_name, verify
 from kjarni.errors import InvalidConfigurationError
 from kjarni.sampler import Sampler, apply_repetition_penalty
 
@@ -136,7 +136,8 @@ class DraftLength:
     the medians of the lengths timed so far) and ``plain_step`` the median time of a plain decode
     step. So the numerator is the expected tokens of a round, the denominator its expected time.
 
-    The sequence: one short plain run to time the plain step, then ``INITIAL_DRAFT_TOKENS`` until
+    The sequence: one short plain run to time the plain step (``FIRST_PLAIN_RUN`` tokens, or two
+    of the backend's bursts where it runs ahead: see ``burst``), then ``INITIAL_DRAFT_TOKENS`` until
     the draft and verify costs are timed, then the cost model. After every plain run comes one
     probe round of the best ``k`` (the acceptance may have changed: prose turning into code). Each
     losing round sets the next plain run: at least twice the last one (up to ``MAX_PLAIN_RUN``;
@@ -154,7 +155,15 @@ class DraftLength:
     draft the rounds cost at most about ``PROBE_SHARE`` of plain decoding's time (the estimates'
     error aside), and a short generation never pays the draft's prefill.
     ``cost_ratio`` (the draft's forward time over the target's; by default the ratio of their
-    ``step_weights``) prices the draft before it is timed. ``decision`` says why the last
+    ``step_weights``) prices the draft before it is timed.
+
+    Start-up (``record_plain``'s ``startup_*``): a plain run's first readback comes after
+    ``burst`` steps (the backend's ``decode_ahead`` where decoding runs ahead on the device, else
+    1), and it costs more than those steps at the plain step wherever the device does something
+    the first time (on the GPU: recording step tapes and bind groups for a new KV cache, filling
+    the pipeline). The plain step is timed on the steps after it; the excess (``startup``) is
+    priced into the first round, which records the draft's and the verify pass's tapes in the
+    same way, and the excess of a plain run after a round is counted in that round's loss. ``decision`` says why the last
     ``choose()`` chose what it did: "plain: time the plain step", "plain: rounds lose",
     "plain: budget", "round: measure costs", "round: probe", "round: pays", "round: fixed
     length". Time is read by the caller (``record_*``), so tests drive the choice with controlled
@@ -169,8 +178,9 @@ class DraftLength:
     PROBE_SHARE, MAX_LOSS_RUN = 0.02, 1024
 
     def __init__(self, num_tokens: int | None = None, p_min: float | None = None, *,
-                 max_tokens: int = MAX_DRAFT_TOKENS, cost_ratio: float | None = None) -> None:
+                 max_tokens: int = MAX_DRAFT_TOKENS, cost_ratio: float | None = None, burst: int = 1) -> None:
         self.cost_ratio = cost_ratio
+        self.burst = int(burst)  # the steps of a plain run's first readback (speculative_step sets it)
         self.adaptive = num_tokens is None
         self.max_tokens = int(max_tokens) if num_tokens is None else int(num_tokens)
         self.p_min = (DEFAULT_DRAFT_P_MIN if self.adaptive else 0.0) if p_min is None else float(p_min)
@@ -180,6 +190,8 @@ class DraftLength:
         self._draft: list[float] = []
         self._verify: dict[int, list[float]] = {}
         self._plain: list[float] = []
+        self._startup: list[float] = []  # the excess of plain runs' first readbacks (see the docstring)
+        self._after_round = False  # a round came last: the next plain run's start-up is its loss
         self._next_plain_run = self.FIRST_PLAIN_RUN
         self._probe = False
         self._last_round = (0.0, 0)  # (seconds, tokens) of the last round
@@ -216,14 +228,32 @@ class DraftLength:
         if draft_forwards:
             _push(self._draft, draft_seconds / draft_forwards, self.SAMPLES)
         self._last_round = (verify_seconds + draft_seconds, accepted + 1)
+        self._after_round = True
         self._round_seconds += verify_seconds + draft_seconds
         self._round_tokens += accepted + 1
         _push(self._verify.setdefault(proposed + 1, []), verify_seconds, self.SAMPLES)
 
-    def record_plain(self, tokens: int, seconds: float) -> None:
-        """``tokens`` plain decode steps took ``seconds``."""
-        if tokens:
-            _push(self._plain, seconds / tokens, self.SAMPLES)
+    def record_plain(self, tokens: int, seconds: float, startup_tokens: int = 0, startup_seconds: float = 0.0) -> None:
+        """``tokens`` plain decode steps took ``seconds``, of which the first ``startup_tokens``
+        (the run's first readback) took ``startup_seconds``: the plain step is timed on the rest,
+        and their excess over the plain step is the run's start-up (see the class docstring)."""
+        startup_tokens = min(startup_tokens, tokens)
+        if tokens > startup_tokens:
+            _push(self._plain, (seconds - startup_seconds) / (tokens - startup_tokens), self.SAMPLES)
+        if startup_tokens and self._plain:
+            excess = max(startup_seconds - startup_tokens * _median(self._plain), 0.0)
+            if self._after_round:  # what the last round cost the plain decoding after it
+                self._round_seconds += excess
+                self._last_round = (self._last_round[0] + excess, self._last_round[1])
+            else:
+                _push(self._startup, excess, self.SAMPLES)
+        self._after_round = False
+
+    @property
+    def startup(self) -> float:
+        """The measured excess of a plain run's first readback over its steps at the plain step
+        (0 before one is measured, and where there is none: the numpy backend)."""
+        return _median(self._startup)
 
     def record_prefill(self, tokens: int, seconds: float, max_tokens: int) -> None:
         """The target prefilled ``tokens`` in ``seconds`` for a generation of ``max_tokens`` tokens:
@@ -246,10 +276,12 @@ class DraftLength:
     def round_seconds(self, k: int, catch_up: int = 1) -> float:
         """Estimated time of a round drafting ``k`` tokens after feeding the draft the ``catch_up``
         tokens it has not seen (its whole prompt in the first round): the measured costs where
-        there are some, else priors from the plain step and ``cost_ratio``."""
+        there are some, else priors from the plain step and ``cost_ratio``, and before any round
+        is timed, the first use's costs (``startup``)."""
         draft_step = self._draft_step()
         feed = draft_step if catch_up <= 2 else max(draft_step, catch_up * self._catch_up_row)
-        return feed + (k - 1) * draft_step + self.verify_seconds(k + 1)
+        first_use = 0.0 if self._verify else self.startup
+        return feed + (k - 1) * draft_step + self.verify_seconds(k + 1) + first_use
 
     def verify_seconds(self, rows: int) -> float:
         """Estimated time of a verify pass over ``rows`` rows (before any is timed: a plain step
@@ -323,7 +355,7 @@ class DraftLength:
         if self._held:
             return sys.maxsize
         if not self._plain:
-            return self.FIRST_PLAIN_RUN  # the first run only times the plain step
+            return max(self.FIRST_PLAIN_RUN, 2 * self.burst)  # the first run only times the plain step
         run, self._probe = max(self._next_plain_run, self._loss_run()), True
         self._next_plain_run = max(min(2 * run, self.MAX_PLAIN_RUN), run)  # never shorter while losing
         return run
@@ -405,6 +437,9 @@ def speculative_step(
             cache.trim(cache.offset - len(seq) + 1)
     if length.cost_ratio is None:
         length.cost_ratio = step_weights(draft.config) / max(step_weights(target.config), 1)
+    # A plain run's first readback: after decode_ahead steps where decoding runs ahead on the device.
+    burst = getattr(target.ops, "decode_ahead", 1) if runs_ahead(target.ops, sampler, logprobs) else 1
+    length.burst = burst
     started, prefilled = clock(), len(seq) - target_cache.offset
     logits = prefill(target, target_cache, seq[target_cache.offset :])
     token, logprob = choose_token(target, logits, sampler, seq, rng, logprobs=logprobs, step=step_name(0, len(seq)))
@@ -428,16 +463,18 @@ def speculative_step(
             # per decode_ahead steps), so the run and the plain step timed on it are plain decoding's.
             plain = generate_step(target, seq, sampler, rng, target_cache, logprobs=logprobs, max_tokens=n,
                                   first_burst=getattr(target.ops, "decode_ahead", 1))
-            spent = 0.0
+            spent = startup = 0.0
             try:
                 for i in range(n):
                     started = clock()
                     token, logprob = next(plain)
                     spent += clock() - started
+                    if i == 0:  # the first readback: the first burst's steps
+                        startup = spent
                     seq.append(token)
                     emitted += 1
                     if i == n - 1:  # account for the run before its last token leaves
-                        length.record_plain(n, spent)
+                        length.record_plain(n, spent, min(burst, n), startup)
                         if on_plain is not None:
                             on_plain(n)
                     yield token, logprob

@@ -133,7 +133,10 @@ def test_speculation_comes_back_when_the_draft_starts_agreeing():
 class Costs(NamedTuple):
     """Simulated seconds: a plain step, a draft step, a verify pass of ``rows`` rows (``verify_base
     + verify_row * (rows - 1)``), a prefill row of the target and of the draft (its catch-ups of
-    more than 2 tokens), the prompt's tokens, and the ``cost_ratio`` the controller is told."""
+    more than 2 tokens), the prompt's tokens, and the ``cost_ratio`` the controller is told; where
+    decoding runs ahead, the steps of a plain run's first readback (``burst``), what the first
+    plain run pays on top of its steps (``startup``: plain decoding pays it as well), what a
+    plain run after a round pays (``restart``) and what the first round pays (``first_use``)."""
 
     plain: float
     draft: float
@@ -143,6 +146,10 @@ class Costs(NamedTuple):
     draft_row: float
     prompt: int
     cost_ratio: float
+    burst: int = 1
+    startup: float = 0.0
+    restart: float = 0.0
+    first_use: float = 0.0
 
     def verify(self, rows: int) -> float:
         return self.verify_base + self.verify_row * (rows - 1)
@@ -162,6 +169,13 @@ NUMPY = Costs(0.22, 0.072, 0.52, 0.03, 0.06, 0.02, 40, 0.32)
 # A pair where drafting pays well: a verify pass a step and a tenth of one a row (the priors'
 # shape), a draft step a third of a step.
 PAYS = Costs(0.175, 0.058, 0.175, 0.0175, 0.04, 0.013, 40, 0.32)
+# The H200 pair as measured in the eleventh session (docs/benchmarks.md): decoding runs ahead 8
+# steps, 1.89 ms a step, but a plain run's first readback after the prefill costs 40 ms for its 8
+# steps (25 ms over them: the new KV cache's step tapes and bind groups), a run after a round about
+# 1 ms more, and the first round about 12 ms more than the next ones (the draft's and the verify's
+# tapes); a 256-token prefill 37 ms, the draft's of 296 tokens 19 ms.
+H200_AHEAD = Costs(1.89e-3, 2.4e-3, 6.7e-3, 0.3e-3, 37e-3 / 256, 19e-3 / 296, 256, 0.32,
+                   burst=8, startup=25e-3, restart=1e-3, first_use=12e-3)
 
 
 def simulate(rate: float, tokens: int, costs: Costs = H200, seed: int = 0, length: DraftLength | None = None):
@@ -169,19 +183,24 @@ def simulate(rate: float, tokens: int, costs: Costs = H200, seed: int = 0, lengt
     (the first from the prefill) with ``costs``, the drafts right at ``rate``; the draft's cache
     followed as speculative_step trims it."""
     rng, length = np.random.default_rng(seed), length or DraftLength(cost_ratio=costs.cost_ratio)
+    length.burst = costs.burst  # as speculative_step sets it from the backend
     length.record_prefill(costs.prompt, costs.prompt * costs.prefill_row, tokens)
     done, seconds, trace, unseen = 1, 0.0, [], costs.prompt + 1  # tokens the draft has not seen
     while done < tokens:
         k = min(length.choose(unseen), tokens - done - 1)
         if k <= 0:
             n = min(length.plain_run(), tokens - done) if k == 0 else 1
-            length.record_plain(n, n * costs.plain)
-            seconds, done, unseen = seconds + n * costs.plain, done + n, unseen + n
+            extra = costs.restart if trace else costs.startup
+            first = min(costs.burst, n)
+            length.record_plain(n, n * costs.plain + extra, first, first * costs.plain + extra)
+            seconds, done, unseen = seconds + n * costs.plain + extra, done + n, unseen + n
             trace.append(("plain", n))
             continue
         a = next((i for i in range(k) if rng.random() > rate), k)
         feed = costs.draft if unseen <= 2 else max(costs.draft, unseen * costs.draft_row)
         drafting = feed + (k - 1) * costs.draft
+        if not any(kind == "round" for kind, _ in trace):
+            drafting += costs.first_use
         length.record_round(k, a, costs.verify(k + 1), drafting, k if unseen <= 2 else 0)
         seconds, done, unseen = seconds + costs.verify(k + 1) + drafting, done + a + 1, 1 + (a == k)
         trace.append(("round", k))
@@ -189,7 +208,37 @@ def simulate(rate: float, tokens: int, costs: Costs = H200, seed: int = 0, lengt
 
 
 def plain_seconds(tokens: int, costs: Costs = H200) -> float:
-    return (tokens - 1) * costs.plain
+    return (tokens - 1) * costs.plain + costs.startup
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.7, 1.0])
+def test_on_a_gpu_running_ahead_the_first_readbacks_excess_prices_the_first_round(rate):
+    # The first plain run is two bursts, timed on the second; the 25 ms excess of the first burst
+    # goes into the first round's worst case (about 40 ms), which 2% of 511 steps (19 ms) cannot pay.
+    seconds, trace = simulate(rate, 512, H200_AHEAD)
+    assert trace == [("plain", 16), ("plain", 511 - 16)]
+    assert seconds == pytest.approx(plain_seconds(512, H200_AHEAD) + H200_AHEAD.restart)  # the second run's start
+    for tokens in (2048, 8192):  # a budget that pays for a first round: the loss stays within it
+        seconds, trace = simulate(rate, tokens, H200_AHEAD)
+        assert ("round", 3) in trace
+        assert seconds <= plain_seconds(tokens, H200_AHEAD) * (1 + DraftLength.PROBE_SHARE)
+
+
+def test_the_plain_step_is_timed_after_the_first_readback_and_its_excess_kept_apart():
+    length = DraftLength(burst=8)
+    assert length.choose() == 0 and length.plain_run() == 16  # two bursts: one to time a step on
+    length.record_plain(16, 0.040 + 8 * 0.002, 8, 0.040)  # 40 ms for the first 8 steps, then 2 ms a step
+    assert length.verify_seconds(1) == pytest.approx(0.002) and length.startup == pytest.approx(0.024)
+    # The first round's worst case holds the excess; a timed round's estimate does not.
+    assert length.round_seconds(3) == pytest.approx(3 * length._draft_step() + length.verify_seconds(4) + 0.024)
+    length.record_prefill(100, 0.1, 10_000)
+    credit = length.credit()
+    length.record_round(3, 0, 0.010, 0.002, 3)
+    assert length.round_seconds(3) == pytest.approx(3 * length._draft_step() + length.verify_seconds(4))
+    assert length.credit() == pytest.approx(credit - (0.012 - 0.002))
+    length.record_plain(8, 0.005 + 8 * 0.002, 8, 0.005 + 8 * 0.002)  # the run after it started 5 ms late
+    assert length.credit() == pytest.approx(credit - (0.012 - 0.002) - 0.005)  # the round's loss
+    assert length.startup == pytest.approx(0.024)  # not the device's first use
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.7, 1.0])
