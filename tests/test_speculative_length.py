@@ -387,6 +387,27 @@ def run(target, draft, max_tokens, draft_cost, params=None, **kwargs):
     return tokens, stats, t, d
 
 
+class Recorded(DraftLength):
+    """The default length, noting what speculative_step tells it of its plain runs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.plain_records: list[tuple] = []
+
+    def record_plain(self, *args) -> None:
+        self.plain_records.append(args)
+        super().record_plain(*args)
+
+
+def test_a_plain_run_reports_its_first_readback_apart_from_its_steps(target):
+    # The numpy backend reads every step back: the first readback is the first step (1 s here).
+    length = Recorded(cost_ratio=1.0)
+    run(target, target, 30, 1.0, length=length)
+    assert length.burst == 1
+    assert length.plain_records == [(8, 8.0, 1, 1.0), (21, 21.0, 1, 1.0)]  # then the budget's run
+    assert length.startup == 0.0
+
+
 def _rounds_account_for_every_token(stats: GenerationStats, tokens: int) -> bool:
     produced = 1 + stats.plain_tokens + stats.draft_tokens_accepted + stats.rounds
     return produced >= tokens and produced - tokens <= MAX_DRAFT_TOKENS  # the last round may overshoot
@@ -487,8 +508,12 @@ def test_gpu_adaptive_greedy_with_plain_runs_is_plain_greedy(tmp_path, gpu_ops):
     gpu = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
     # An expensive draft: after the first rounds, plain runs (decode running ahead) do most of it;
     # 200 tokens, and a draft priced at half its cost, give the budget room for a few rounds.
-    tokens, stats, _, _ = run(gpu, gpu, 200, 1.0, length=DraftLength(cost_ratio=0.5))
+    length = Recorded(cost_ratio=0.5)
+    tokens, stats, _, _ = run(gpu, gpu, 200, 1.0, length=length)
     assert stats.plain_tokens >= 100 and stats.rounds >= 2
+    # Decoding runs ahead: the first readback covers decode_ahead steps, the first run two of them.
+    assert length.burst == gpu_ops.decode_ahead == 8
+    assert length.plain_records[0] == (16, 16.0, 8, 8.0)  # the fake clock: 1 s a forward
     assert stats.draft_decisions["round: measure costs"] >= 1 and stats.draft_decisions["plain: rounds lose"] >= 1
     assert tokens == _tokens(gpu, GenerationParams(max_tokens=200, temperature=0))
 
