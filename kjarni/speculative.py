@@ -265,8 +265,9 @@ class DraftLength:
 
     def credit(self) -> float:
         """Seconds the draft may still lose against plain decoding: ``PROBE_SHARE`` of the whole
-        generation's time at the plain step, less what the rounds so far lost (their time less
-        their tokens at the plain step; a round that won adds its gain). Infinite without a
+        generation's time at the plain step, less what the rounds so far lost (their time, and the
+        start-up of the plain runs after them, less their tokens at the plain step; a round that
+        won adds its gain). Infinite without a
         budget (``record_prefill``) and before a plain step is timed."""
         if self._total is None or not self._plain:
             return math.inf
