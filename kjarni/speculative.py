@@ -163,11 +163,12 @@ class DraftLength:
     the first time (on the GPU: recording step tapes and bind groups for a new KV cache, filling
     the pipeline). The plain step is timed on the steps after it; the excess (``startup``) is
     priced into the first round, which records the draft's and the verify pass's tapes in the
-    same way, and the excess of a plain run after a round is counted in that round's loss. ``decision`` says why the last
-    ``choose()`` chose what it did: "plain: time the plain step", "plain: rounds lose",
-    "plain: budget", "round: measure costs", "round: probe", "round: pays", "round: fixed
-    length". Time is read by the caller (``record_*``), so tests drive the choice with controlled
-    costs.
+    same way, and the excess of a plain run after a round is counted in that round's loss.
+
+    ``decision`` says why the last ``choose()`` chose what it did: "plain: time the plain step",
+    "plain: rounds lose", "plain: budget", "round: measure costs", "round: probe", "round: pays",
+    "round: fixed length". Time is read by the caller (``record_*``), so tests drive the choice
+    with controlled costs.
     """
 
     PRIOR_ACCEPTANCE, PRIOR_TRIALS = 0.7, 3.0
@@ -233,7 +234,8 @@ class DraftLength:
         self._round_tokens += accepted + 1
         _push(self._verify.setdefault(proposed + 1, []), verify_seconds, self.SAMPLES)
 
-    def record_plain(self, tokens: int, seconds: float, startup_tokens: int = 0, startup_seconds: float = 0.0) -> None:
+    def record_plain(self, tokens: int, seconds: float, startup_tokens: int = 0,
+                     startup_seconds: float = 0.0) -> None:
         """``tokens`` plain decode steps took ``seconds``, of which the first ``startup_tokens``
         (the run's first readback) took ``startup_seconds``: the plain step is timed on the rest,
         and their excess over the plain step is the run's start-up (see the class docstring)."""
@@ -267,8 +269,8 @@ class DraftLength:
         """Seconds the draft may still lose against plain decoding: ``PROBE_SHARE`` of the whole
         generation's time at the plain step, less what the rounds so far lost (their time, and the
         start-up of the plain runs after them, less their tokens at the plain step; a round that
-        won adds its gain). Infinite without a
-        budget (``record_prefill``) and before a plain step is timed."""
+        won adds its gain). Infinite without a budget (``record_prefill``) and before a plain step
+        is timed."""
         if self._total is None or not self._plain:
             return math.inf
         step = _median(self._plain)
