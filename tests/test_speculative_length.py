@@ -171,9 +171,9 @@ NUMPY = Costs(0.22, 0.072, 0.52, 0.03, 0.06, 0.02, 40, 0.32)
 PAYS = Costs(0.175, 0.058, 0.175, 0.0175, 0.04, 0.013, 40, 0.32)
 # The H200 pair as measured in the eleventh session (docs/benchmarks.md): decoding runs ahead 8
 # steps, 1.89 ms a step, but a plain run's first readback after the prefill costs 40 ms for its 8
-# steps (25 ms over them: the new KV cache's step tapes and bind groups), a run after a round about
-# 1 ms more, and the first round about 12 ms more than the next ones (the draft's and the verify's
-# tapes); a 256-token prefill 37 ms, the draft's of 296 tokens 19 ms.
+# steps (25 ms over them: the new KV cache's step tapes and bind groups), a run after a round at
+# most about 1 ms more (0.1-0.4 measured), and the first round about 10 ms more than the next ones
+# (the draft's and the verify's tapes); a 256-token prefill 37 ms, the draft's of 296 tokens 19 ms.
 H200_AHEAD = Costs(1.89e-3, 2.4e-3, 6.7e-3, 0.3e-3, 37e-3 / 256, 19e-3 / 296, 256, 0.32,
                    burst=8, startup=25e-3, restart=1e-3, first_use=12e-3)
 
