@@ -266,3 +266,40 @@ def test_a_model_over_the_gpu_memory_budget_is_refused_before_upload(tmp_path, w
     monkeypatch.setenv("KJARNI_GPU_MEMORY_MB", "0.01")
     with pytest.raises(GpuUnavailableError, match=r"needs about .* GiB .* budget of 0\.00 GiB"):
         Generator.builder().model_path(folder).gpu().quiet().build()
+
+
+def test_a_kv_cache_gone_leaves_the_device_when_the_next_one_is_made(tmp_path, wgpu_context):
+    # Every generation makes a KV cache; the bind groups made for its buffers would keep them on the
+    # device after the cache is gone (a generation's cache for good), unless they are collected.
+    import gc
+
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32")
+    _, gpu = _pair(tmp_path, ops)
+    made, real = [], ops.new_kv_cache
+
+    def new_kv_cache(*args):
+        cache = real(*args)
+        made.append([*cache.keys, *cache.values])
+        return cache
+
+    ops.new_kv_cache = new_kv_cache
+    gc.collect()
+    wgpu_context.collect()  # the session context: what earlier tests left goes first
+    freed = wgpu_context.stats.freed_bytes
+    for _ in range(4):
+        _greedy(gpu, PROMPT, 4, capacity=32)  # makes a cache, drops it
+        gc.collect()
+    held = {id(b) for key in wgpu_context._bind_groups for b in key[1:]}
+    assert not any(id(b) in held for buffers in made[:3] for b in buffers)  # freed with their bind groups
+    assert any(id(b) in held for b in made[3])  # the last one waits for the next cache (or close)
+    cache_bytes = sum(int(b.size) for b in made[0])
+    assert wgpu_context.stats.freed_bytes - freed == 3 * cache_bytes
+    live = gpu.new_cache(32)  # frees the fourth; closing frees this one, once
+    freed = wgpu_context.stats.freed_bytes
+    closed = ops.close()
+    del live
+    gc.collect()
+    assert wgpu_context.collect() == 0 and wgpu_context.stats.freed_bytes - freed == closed
+    assert closed >= cache_bytes

@@ -8,6 +8,7 @@ register-tiled kernel (head_dim 64 or 128) or attention_prefill. The choices rea
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -56,6 +57,9 @@ class WgpuKVCache:
         self.offset = 0
         self._nbytes = 2 * num_layers * layer_bytes
         self.tapes: dict = {}  # step tapes recorded on this cache (kjarni/gpu/capture.py)
+        # Gone with its last reference: the context frees its buffers at the next collect (the
+        # bind groups made for them would keep them on the device otherwise).
+        self.finalizer = weakref.finalize(self, context.retire, [*self.keys, *self.values])
 
     @property
     def nbytes(self) -> int:

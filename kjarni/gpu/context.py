@@ -70,6 +70,7 @@ class Stats:
     pooled_buffers: int = 0
     pooled_bytes: int = 0
     weight_bytes: int = 0
+    freed_bytes: int = 0  # buffers destroyed by release and collect
     kernel_times: list[tuple[str, float]] = field(default_factory=list)
     runtime: str = ""  # "wgpu-py 0.32.0 (wgpu-native)" or "wgpudawn 0.32.0.4 (Dawn)"
     adapter: str = ""  # "NVIDIA H200 (Vulkan, DiscreteGPU)"
@@ -219,6 +220,7 @@ class WgpuContext:
         self._layouts: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._pipelines: dict[tuple, Any] = {}
         self._bind_groups: dict[tuple, Any] = {}
+        self._retired: list[Any] = []  # buffers of KV caches gone, for `collect`
         self._uniforms: dict[bytes, Any] = {}
         self._pool: dict[int, list[Any]] = {}
         self._encoder: Any = None
@@ -250,17 +252,36 @@ class WgpuContext:
     def release(self, buffers: Sequence[Any]) -> int:
         """Destroy ``buffers`` (a model's weights and KV cache) and forget the bind groups using
         them; returns the bytes freed. Recorded work is submitted first."""
-        doomed = {id(b) for b in buffers if b is not None}
-        if not doomed:
+        if not any(b is not None for b in buffers):
             return 0
-        self.flush()
         self.epoch += 1  # every step tape may bind them: none replays again
+        return self._destroy(buffers)
+
+    def retire(self, buffers: Sequence[Any]) -> None:
+        """Buffers whose owner is gone (a KV cache garbage-collected: `WgpuKVCache`'s finalizer),
+        freed by the next `collect`. Only noted here: a finalizer may run in the middle of
+        recording a step."""
+        self._retired.extend(buffers)
+
+    def collect(self) -> int:
+        """Destroy the retired buffers and forget the bind groups holding them (which would keep
+        them alive: a KV cache per generation otherwise stays on the device for good); returns
+        the bytes freed. No step tape replays them: tapes live on the KV cache that owned them."""
+        if not self._retired or self.closed:  # (closing destroyed them)
+            return 0
+        retired, self._retired = self._retired, []
+        return self._destroy(retired)
+
+    def _destroy(self, buffers: Sequence[Any]) -> int:
+        doomed = {id(b) for b in buffers if b is not None}
+        self.flush()
         for key in [k for k in self._bind_groups if any(id(b) in doomed for b in k[1:])]:
             del self._bind_groups[key]
         freed = 0
         for buffer in {id(b): b for b in buffers if b is not None}.values():
             freed += int(buffer.size)
             buffer.destroy()
+        self.stats.freed_bytes += freed
         return freed
 
     def close(self) -> None:
@@ -273,8 +294,9 @@ class WgpuContext:
         self.epoch += 1
         self._end_pass()
         self._encoder = None
-        owned = [*self._created, *self._uniforms.values(), *self._step_buffers.values()]
+        owned = [*self._created, *self._uniforms.values(), *self._step_buffers.values(), *self._retired]
         owned += [b for free in self._pool.values() for b in free]
+        self._retired = []
         if self._staging is not None:
             owned.append(self._staging)
         self._bind_groups.clear()

@@ -120,7 +120,11 @@ class WgpuOps:
     def close(self) -> int:
         """Free this model's GPU buffers (weights, KV caches, token ring) and nothing else: the
         context, its device and other models on it keep working. Returns the bytes freed."""
-        buffers = [self._ring.buffer, *(b for c in list(self._kv_caches) for b in (*c.keys, *c.values))]
+        self.context.collect()
+        caches = list(self._kv_caches)
+        for cache in caches:
+            cache.finalizer.detach()  # freed here, not again when the cache goes
+        buffers = [self._ring.buffer, *(b for c in caches for b in (*c.keys, *c.values))]
         for w in self._weights:
             buffers += [w.buffer, *(b for seg in w.segments for b in (seg.w_a, seg.w_b))]
             w.plans.clear()
@@ -136,6 +140,7 @@ class WgpuOps:
         return new_tensor(self.context, tokens, features)
 
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> WgpuKVCache:
+        self.context.collect()  # the caches gone since the last one: their buffers, before new ones
         cache = WgpuKVCache(self.context, num_layers, num_kv_heads, head_dim, capacity, self.kv_format)
         self._kv_caches.add(cache)
         return cache
