@@ -177,6 +177,19 @@ class RandomPool:
         return self.values[offset : offset + size].reshape(shape)
 
 
+class IdsTokenizer:
+    """What stream_generate needs of a tokenizer when only ids matter (the random models)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def is_special(self, token):
+        return False
+
+    def token_bytes(self, token):
+        return b"x"
+
+
 def successors(vocab: int, rate: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(f, f o pi): the target's successor permutation and the draft's, which differs from it on
     a random ``1 - rate`` of the vocabulary (pi: a cycle over them). f does not depend on ``rate``."""
@@ -245,15 +258,6 @@ def bench_random_gpu(args) -> dict:
               "draft_shape": draft_shape, "weights": "f16, random, draft agreeing at a known rate",
               "max_tokens": args.tokens, "prompt_tokens": args.context, "repeats": args.repeats, "rates": {}}
 
-    class _Ids:  # stream_generate wants a tokenizer only for text: ids are enough here
-        vocab_size = 0
-
-        def is_special(self, token):
-            return False
-
-        def token_bytes(self, token):
-            return b"x"
-
     rates = [float(r) for r in args.rates.split(",")]
     # The target does not depend on the rate: build it once; each rate gets its own draft on its
     # own WgpuOps (as the builder loads a draft), freed before the next.
@@ -265,8 +269,7 @@ def bench_random_gpu(args) -> dict:
     report["target_build_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps({"target_build_seconds": report["target_build_seconds"]}), flush=True)
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, target.config.vocab_size, args.context)]
-    tokenizer = _Ids()
-    tokenizer.vocab_size = target.config.vocab_size
+    tokenizer = IdsTokenizer(target.config.vocab_size)
     for rate in rates:
         t0 = time.perf_counter()
         draft_ops = WgpuOps(ctx, weight_format="f16")

@@ -40,17 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_speculative as bs  # noqa: E402
 
 
-class _Ids:  # stream_generate wants a tokenizer only for text: ids are enough here
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def is_special(self, token):
-        return False
-
-    def token_bytes(self, token):
-        return b"x"
-
-
 def _out(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -91,7 +80,7 @@ def main() -> None:
     target = bs.successor_model(target_shape, f, t_ops, 1, pools)
     draft = bs.successor_model(draft_shape, g, d_ops, 2, pools)
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, vocab, args.context)]
-    tokenizer = _Ids(vocab)
+    tokenizer = bs.IdsTokenizer(vocab)
     bs.generate(target, tokenizer, prompt, GenerationParams(max_tokens=12, temperature=0))
     bs.generate(target, tokenizer, prompt, GenerationParams(max_tokens=64, temperature=0), draft=draft,
                 num_draft_tokens=3)
