@@ -94,6 +94,42 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     np.testing.assert_allclose(keys, cpu_cache.keys[1][:, :start], atol=1e-5, rtol=cache_rtol)
 
 
+def test_attention_step_doubles_its_splits_as_the_context_grows_and_matches_numpy(wgpu_context):
+    """Past ``attention_step_split_keys`` keys a split the splits double (2 -> 4 -> 8 here, capped
+    at ``attention_step_max_splits``); each decode step stays one dispatch and equals numpy."""
+    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.step import AttentionPartials
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("a split attention_step needs subgroups (the o_proj merge); this adapter has none")
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
+    ops.tuning.attention_step_splits, ops.tuning.attention_step_split_keys, ops.tuning.attention_step_max_splits = 2, 8, 8
+    heads, kv_heads, head_dim, prompt, steps = 4, 2, 64, 15, 60
+    capacity = prompt + steps
+    rope = _rope(head_dim, head_dim, capacity)
+    g_rope = ops.weight(rope, name="rope")
+    gpu_cache = ops.new_kv_cache(1, kv_heads, head_dim, capacity)
+    cpu_cache = NumpyKVCache(1, kv_heads, head_dim, capacity)
+    rng = np.random.default_rng(11)
+    width = (heads + 2 * kv_heads) * head_dim
+    start, seen = 0, []
+    for tokens in (prompt,) + (1,) * steps:
+        qkv = rng.standard_normal((tokens, width)).astype(np.float32)
+        dispatches = ops.stats.dispatches
+        out = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 0, start), gpu_cache, 0, start)
+        if tokens == 1:
+            assert ops.stats.dispatches - dispatches == 1, "one dispatch for rope, store and attention"
+            assert type(out) is AttentionPartials
+            # splits * 8 keys hold the start + 1 keys: 2 up to 16, 4 up to 32, then 8 (the cap).
+            keys = start + 1
+            assert out.splits == (2 if keys <= 16 else 4 if keys <= 32 else 8)
+            seen.append(out.splits)
+        q_ref = ref.rope_store(qkv, rope, cpu_cache, 0, start)
+        np.testing.assert_allclose(ops.read(out), ref.attention(q_ref, cpu_cache, 0, start), atol=1e-4, rtol=1e-4)
+        start += tokens
+    assert sorted(set(seen)) == [2, 4, 8] and seen == sorted(seen)
+
+
 def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(wgpu_context):
     from kjarni.gpu import WgpuOps
 

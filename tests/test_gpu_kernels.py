@@ -166,8 +166,9 @@ def test_rope_store_and_attention_match_numpy_for_prefill_then_decode(wgpu_conte
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
-    if decode == "split":  # flash-decoding (attention_decode + attention_combine), as for long contexts
+    if decode == "split":  # flash-decoding (attention_decode + attention_combine), as past attention_step's reach
         ops.tuning.attention_single_max = 0
+        ops.tuning.fuse_rope = False
     # 37-token prefill (tiled kernel), single-token decode, 3-token verify (decode kernels), then
     # a long jump over several 64-position splits.
     for q, q_ref, out, out_ref in _attention_case(ops, kv_format, [37, 1, 3, 70, 1], window=window):

@@ -62,9 +62,10 @@ def _assert_same(taped, untaped) -> None:
 
 
 def test_replayed_steps_are_bit_identical_across_attention_buckets(weights, wgpu_context):
-    # attention_single_max=16: positions up to 15 run the fused attention_step, later ones
-    # flash-decoding with one split of 64 keys, then two past position 63: three tapes.
-    taped, untaped = _pair(weights, wgpu_context, attention_single_max=16)
+    # attention_step_max=16 and attention_single_max=16: positions up to 15 run the fused
+    # attention_step, later ones flash-decoding with one split of 64 keys, then two past position
+    # 63: three tapes.
+    taped, untaped = _pair(weights, wgpu_context, attention_step_max=16, attention_single_max=16)
     results = []
     for model in (taped, untaped):
         cache = model.new_cache(96)
@@ -76,6 +77,24 @@ def test_replayed_steps_are_bit_identical_across_attention_buckets(weights, wgpu
     assert tapes.captured == 3, "one tape per position class: fused, one split, two splits"
     assert tapes.replayed == 70 - 3
     assert untaped.ops.tapes.captured == untaped.ops.tapes.replayed == 0
+
+
+def test_a_split_count_doubling_records_one_new_tape_and_replays_exactly(weights, wgpu_context):
+    # attention_step's splits double from 2 past 16 keys (8 a split) to the cap of 4: positions 12
+    # to 16 run 2 splits, later ones 4: two tapes, every other step replayed.
+    if not wgpu_context.has_subgroups:
+        pytest.skip("a split attention_step needs subgroups (the o_proj merge); this adapter has none")
+    tuning = dict(attention_step_splits=2, attention_step_split_keys=8, attention_step_max_splits=4)
+    taped, untaped = _pair(weights, wgpu_context, **tuning)
+    results = []
+    for model in (taped, untaped):
+        cache = model.new_cache(64)
+        first = int(model.ops.argmax(model.forward(PROMPT, cache))[0])
+        results.append(_decode(model, cache, first, 30))
+    assert results[0][0] == results[1][0]
+    _assert_same(results[0][1], results[1][1])
+    assert taped.ops.tapes.captured == 2, "one tape per split count"
+    assert taped.ops.tapes.replayed == 30 - 2
 
 
 OPS = ("embed", "rms_norm", "linear", "norm_linear", "rope_store", "attention", "silu_mul", "add", "rows")

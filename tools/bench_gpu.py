@@ -192,15 +192,16 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
         token = int(ops.argmax(logits)[0])
     record_s = float(np.median(records))
 
-    # The same decode with flash-decoding (attention_decode + attention_combine) instead of the
-    # one-pass attention_single, for comparison at this context.
+    # The same decode with flash-decoding (attention_decode + attention_combine, after rope_store)
+    # instead of the fused attention_step, for comparison at this context.
     single_max, ops.tuning.attention_single_max = ops.tuning.attention_single_max, 0
+    fuse_rope, ops.tuning.fuse_rope = ops.tuning.fuse_rope, False
     token = int(ops.argmax(model.forward([token], cache))[0])
     t0 = time.perf_counter()
     for _ in range(steps):
         token = int(ops.argmax(model.forward([token], cache))[0])
     split_s = time.perf_counter() - t0
-    ops.tuning.attention_single_max = single_max
+    ops.tuning.attention_single_max, ops.tuning.fuse_rope = single_max, fuse_rope
 
     # --core: prefill, greedy decode, recording and the per-step GPU time only (a short device call).
     verify_ms = _verify_costs(model, ops, cache, token, steps) if not core else None

@@ -236,15 +236,26 @@ class Attention:
         """Whether rope_store of ``tokens`` at ``start`` waits for the next attention (attention_step)."""
         return tokens == 1 and self.tuning.fuse_rope and start + 1 <= self.step_max_keys()
 
-    def step_splits(self) -> int:
-        """Workgroups per head of attention_step (a split needs subgroups: the o_proj merge)."""
-        return max(1, self.tuning.attention_step_splits) if self.context.has_subgroups else 1
+    def step_splits(self, positions: int) -> int:
+        """Workgroups per head of attention_step over ``positions`` keys (a split needs subgroups:
+        the o_proj merge): ``attention_step_splits``, doubled while a split would hold more than
+        ``attention_step_split_keys`` keys, up to ``attention_step_max_splits``."""
+        tuning = self.tuning
+        splits = max(1, tuning.attention_step_splits) if self.context.has_subgroups else 1
+        if splits > 1 and tuning.attention_step_split_keys > 0:
+            while splits * tuning.attention_step_split_keys < positions and splits * 2 <= tuning.attention_step_max_splits:
+                splits *= 2
+        return splits
 
     def step_max_keys(self) -> int:
         """Positions up to which a one-token step runs attention_step: ``attention_step_max`` (0:
-        ``attention_single_max``), at most STEP_MAX_KEYS a split."""
+        as far as the most splits reach, or ``attention_single_max`` unsplit), at most
+        STEP_MAX_KEYS a split."""
         tuning = self.tuning
-        return min(tuning.attention_step_max or tuning.attention_single_max, self.step_splits() * STEP_MAX_KEYS)
+        reach = self.step_splits(1 << 62) * STEP_MAX_KEYS
+        if tuning.attention_step_max:
+            return min(tuning.attention_step_max, reach)
+        return reach if reach > STEP_MAX_KEYS else min(tuning.attention_single_max, reach)
 
     def single_pass(self, tokens: int, start: int, window: int | None) -> bool:
         """Whether a few-token attention at ``start`` runs attention_single (else flash-decoding)."""
@@ -256,9 +267,9 @@ class Attention:
         through the position, for layers of the sliding ``windows`` given (None: none): a step
         tape (kjarni/gpu/capture.py) is replayed only at positions of the class it was recorded at.
         Every position-dependent choice of rope_store and attention for so few tokens is one of
-        `fuses_rope`, `single_pass` and flash-decoding's split count."""
+        `fuses_rope` (with attention_step's split count), `single_pass` and flash-decoding's split count."""
         if self.fuses_rope(tokens, start):
-            return ()  # attention_step everywhere: the position is read from the step uniform
+            return ("step", self.step_splits(start + 1))  # the position is read from the step uniform
         splits = -(-(start + tokens) // DECODE_CHUNK)
         return tuple(0 if self.single_pass(tokens, start, w) else splits for w in dict.fromkeys(windows))
 
@@ -294,7 +305,7 @@ class Attention:
         hd, kv = kv_cache.head_dim, kv_cache.num_kv_heads
         heads = pending.shape[1] // hd
         rotary_dim = 0 if rope is None else rope.shape[1]
-        splits = self.step_splits()
+        splits = self.step_splits(pending.start + 1)
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
                tuning.attention_step_lean, tuning.attention_step_key_lanes)
         plan = self.plans.get(key)

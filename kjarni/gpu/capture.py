@@ -16,8 +16,8 @@ the model (held weakly and compared), the KV cache (tapes live on it), the rope 
 chose, the number of tokens (1 for decode, k + 1 for a speculative verify; at most
 ``tuning.matvec_max_tokens``), ``logits`` ("last" / "all"), whether the ids come from the GPU
 (`GpuTokens`) or the CPU, and `Attention.position_class`: every choice of rope_store and
-attention that depends on the position (fused attention_step, attention_single, or flash-decoding
-with its split count), so a context growing past a bucket records a new tape.
+attention that depends on the position (fused attention_step with its split count, attention_single,
+or flash-decoding with its split count), so a context growing past a bucket records a new tape.
 
 What makes a tape stale (never replayed again; the next step of its key records a new one):
 ``tuning.revision`` moved (any `GpuTuning` field assigned, ``step_capture`` included), the

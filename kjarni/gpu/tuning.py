@@ -267,9 +267,20 @@ class GpuTuning:
     eighth session (tools/ab_attention_gpu.py, docs/benchmarks.md), attention_step plus the merging
     o_proj 860-878 -> 780-788 us a step (1.5B), 548-550 -> 519-520 (0.5B), 658-662 -> 612-618
     (SmolLM2) at a 512-token context, against 8 splits of 128 threads, 4 lanes, not lean."""
+    attention_step_split_keys: int = 256
+    """A split attention_step's splits double from ``attention_step_splits`` while they would hold
+    more than this many keys each, up to ``attention_step_max_splits`` (0: never double). H100, the
+    twelfth session (tools/ab_attention_gpu.py, docs/benchmarks.md): 16 splits against 32 at 2,048
+    positions 703 / 678 tok/s (0.5B), 403 / 406 (1.5B); at 8,192 555 / 605 and 299 / 346; 64
+    splits lost everywhere (the merging o_proj reads every split's partial)."""
+    attention_step_max_splits: int = 32
+    """The most workgroups per head a split attention_step doubles to (each holds at most 1,024 keys)."""
     attention_step_max: int = 0
-    """A one-token step runs attention_step up to this many positions (0: ``attention_single_max``;
-    at most 1,024 keys a split), else rope_store, attention_single or flash-decoding."""
+    """A one-token step runs attention_step up to this many positions (0: as far as its splits reach,
+    ``attention_step_max_splits`` x 1,024 keys, or ``attention_single_max`` unsplit), else
+    rope_store, attention_single or flash-decoding. H100, twelfth session: past the old limit of
+    768 positions attention_step decodes 1.37x faster than rope_store + attention_decode +
+    attention_combine at 2,048 positions and 1.6-1.9x at 8,192 (docs/benchmarks.md)."""
     attention_step_lean: bool = True
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
