@@ -130,6 +130,24 @@ def test_attention_step_doubles_its_splits_as_the_context_grows_and_matches_nump
     assert sorted(set(seen)) == [2, 4, 8] and seen == sorted(seen)
 
 
+def test_a_one_token_step_fuses_as_far_as_the_splits_reach_or_attention_single_max_unsplit(wgpu_context):
+    """The default reach of attention_step: 32 splits of 1,024 keys on a subgroup device (16 splits
+    up to 4,096 positions, then 32), ``attention_single_max`` (768) with one workgroup a head."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f32")
+    attention = ops._attention
+    if wgpu_context.has_subgroups:
+        assert [attention.step_splits(n) for n in (1, 4096, 4097, 32768)] == [16, 16, 32, 32]
+        assert attention.fuses_rope(1, 32767) and not attention.fuses_rope(1, 32768)
+        assert not attention.fuses_rope(2, 0), "verifies of several rows never fuse"
+    ops.tuning.attention_step_splits = 1
+    assert attention.step_splits(32768) == 1
+    assert attention.fuses_rope(1, 767) and not attention.fuses_rope(1, 768)
+    ops.tuning.attention_step_max = 100
+    assert attention.fuses_rope(1, 99) and not attention.fuses_rope(1, 100)
+
+
 def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(wgpu_context):
     from kjarni.gpu import WgpuOps
 
