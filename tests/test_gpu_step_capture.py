@@ -61,18 +61,25 @@ def _assert_same(taped, untaped) -> None:
         assert np.array_equal(a, b), f"step {i}: replayed logits differ from recorded ones"
 
 
+def _decode_pair(weights, context, capacity: int, steps: int, **tuning) -> tuple[DecoderModel, DecoderModel]:
+    """``steps`` greedy steps after PROMPT on a taped and an untaped model (a cache of ``capacity``
+    each), asserting the same tokens and bit-identical logits; returns (taped, untaped)."""
+    taped, untaped = _pair(weights, context, **tuning)
+    results = []
+    for model in (taped, untaped):
+        cache = model.new_cache(capacity)
+        first = int(model.ops.argmax(model.forward(PROMPT, cache))[0])
+        results.append(_decode(model, cache, first, steps))
+    assert results[0][0] == results[1][0]
+    _assert_same(results[0][1], results[1][1])
+    return taped, untaped
+
+
 def test_replayed_steps_are_bit_identical_across_attention_buckets(weights, wgpu_context):
     # attention_step_max=16 and attention_single_max=16: positions up to 15 run the fused
     # attention_step, later ones flash-decoding with one split of 64 keys, then two past position
     # 63: three tapes.
-    taped, untaped = _pair(weights, wgpu_context, attention_step_max=16, attention_single_max=16)
-    results = []
-    for model in (taped, untaped):
-        cache = model.new_cache(96)
-        first = int(model.ops.argmax(model.forward(PROMPT, cache))[0])
-        results.append(_decode(model, cache, first, 70))
-    assert results[0][0] == results[1][0]
-    _assert_same(results[0][1], results[1][1])
+    taped, untaped = _decode_pair(weights, wgpu_context, 96, 70, attention_step_max=16, attention_single_max=16)
     tapes = taped.ops.tapes
     assert tapes.captured == 3, "one tape per position class: fused, one split, two splits"
     assert tapes.replayed == 70 - 3
@@ -84,15 +91,8 @@ def test_a_split_count_doubling_records_one_new_tape_and_replays_exactly(weights
     # to 16 run 2 splits, later ones 4: two tapes, every other step replayed.
     if not wgpu_context.has_subgroups:
         pytest.skip("a split attention_step needs subgroups (the o_proj merge); this adapter has none")
-    tuning = dict(attention_step_splits=2, attention_step_split_keys=8, attention_step_max_splits=4)
-    taped, untaped = _pair(weights, wgpu_context, **tuning)
-    results = []
-    for model in (taped, untaped):
-        cache = model.new_cache(64)
-        first = int(model.ops.argmax(model.forward(PROMPT, cache))[0])
-        results.append(_decode(model, cache, first, 30))
-    assert results[0][0] == results[1][0]
-    _assert_same(results[0][1], results[1][1])
+    taped, _ = _decode_pair(weights, wgpu_context, 64, 30,
+                            attention_step_splits=2, attention_step_split_keys=8, attention_step_max_splits=4)
     assert taped.ops.tapes.captured == 2, "one tape per split count"
     assert taped.ops.tapes.replayed == 30 - 2
 
