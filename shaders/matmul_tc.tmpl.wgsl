@@ -18,16 +18,19 @@
 // SHARED 0: each subgroup loads its TM left and TN right matrices straight from storage (L1/L2
 // serve the neighbours' reuse). SHARED 1: the workgroup's BM x BK and BN x BK operand tiles are
 // copied to workgroup memory by matrix loads and stores spread over the subgroups (prefetched one
-// step ahead into registers), and every subgroup reads its operands from there.
+// step ahead into registers), and every subgroup reads its operands from there. SHARED 2: the
+// same tiles, copied by the threads in 16-byte chunks (x and an f16 w_a then read as vec4<u32>,
+// stored to workgroup memory as 8 f16 values), as quantized weight tiles always are.
 // Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
 // residual written to workgroup memory; they are stored straight to y.
 // Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores
 // its partial sums without bias or residual (the host clears those flags) to rows z tokens + t of
 // a [S, tokens, y_stride] scratch, summed by matmul_reduce.wgsl.
 // Grid: (ceil(rows / BN), ceil(tokens / BM), S); SM SN SG threads. Fields: TM, TN, SM, SN, KU,
-// SG, SHARED and the per-matrix code written out by kernels.tc_fields (DECL, INIT, PRE, STEP,
-// STORE): no private arrays indexed in loops. Quantized: thread i of the workgroup (sg SG + lane)
-// copies chunks i, i + WG, .. of the tile (row chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..).
+// SG, X (the activations' binding) and the per-matrix code written out by kernels.tc_fields (DECL,
+// INIT, PRE, STEP, STORE): no private arrays indexed in loops. Chunk copies (quantized weights,
+// SHARED 2): thread i of the workgroup (sg SG + lane) copies chunks i, i + WG, .. of the tile (row
+// chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..).
 
 enable f16;
 enable subgroups;
@@ -36,7 +39,7 @@ enable chromium_experimental_subgroup_matrix;
 // #include linear_structs.wgsl
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f16>;
+{{X}}
 {{WEIGHT}}
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;

@@ -5,6 +5,8 @@ first kernel, matmul_sgmat.tmpl.wgsl) against NumpyOps with the same f16 roundin
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,49 @@ def tc_ops(wgpu_context):
     return ops
 
 
+def _eval_wgsl(expr: str, env: dict) -> int:
+    """An integer WGSL expression of tc_fields' declarations (u32 literals, / % * + and calls) in Python."""
+    py = re.sub(r"(\d+)u\b", r"\1", expr).replace("wid.y", "wid_y").replace("wid.x", "wid_x").replace("/", "//")
+    return eval(py, {}, env)  # noqa: S307 - the expression comes from kernels.tc_fields
+
+
+@pytest.mark.parametrize("variant", sorted(n for n in __import__("kjarni.gpu.kernels", fromlist=["TEMPLATES"]).TEMPLATES["matmul_tc"]
+                                            if "_t_" in n))
+def test_thread_copied_tiles_copy_each_operand_value_once_from_its_place(variant):
+    """SHARED 2 tiles (no GPU needed): evaluating the generated chunk indices for every thread, each
+    x and weight tile slot of a K step is written exactly once, from the token / row and columns the
+    matrix loads of the subgroups then read it as (clamped into the product like tok() and row())."""
+    from kjarni.gpu import kernels
+
+    tm, tn, sm, sn, ku, sg = (int(v) for v in re.match(r"(\d+)x(\d+)_(\d+)x(\d+)_k(\d+)_t_sg(\d+)$", variant).groups())
+    fields = kernels.tc_fields(tm, tn, sm, sn, ku, 2, sg)
+    decls = dict(re.findall(r"let ([xw][crd]\d+) = (.+);", fields["DECL"]))
+    nsg, bk, lds = sm * sn, 16 * ku, 16 * ku + 8
+    bm, bn, tokens, rows, cols = sm * tm * 16, sn * tn * 16, 200, 400, 4 * bk
+    base = {"WG": nsg * sg, "SG": sg, "BK": bk, "LDS": lds, "wid_x": 1, "wid_y": 1,
+            "tok": lambda wy, s, i: min((wy * sm + s) * tm * 16 + i * 16, tokens - 16),
+            "row": lambda wx, s, j: min((wx * sn + s) * tn * 16 + j * 16, rows - 16)}
+    for side, tile_rows, place in (("x", bm, base["tok"]), ("w", bn, base["row"])):
+        names = sorted({k[2:] for k in decls if k[0] == side})
+        written = {}
+        for thread in range(nsg * sg):
+            env = dict(base, sg=thread // sg, lane=thread % sg)
+            for n in names:
+                for part in "crd":  # in declaration order: d uses c
+                    env[f"{side}{part}{n}"] = _eval_wgsl(decls[f"{side}{part}{n}"], env)
+                c, r, d = (env[f"{side}{part}{n}"] for part in "crd")
+                assert d not in written, (side, thread, n)
+                written[d] = (r, c)
+        want = {}
+        for tr in range(tile_rows):
+            source = place(1, 0, tr // 16) + tr % 16
+            want.update({tr * lds + 8 * c: (source, c) for c in range(bk // 8)})
+        assert written == want
+        # and the loads read 8 c .. 8 c + 7 of those rows: a 16-byte unit c of k0 / 8 onwards
+        assert f"{side}[{side}r0 * (cols / 8u) + (k_begin) / 8u + {side}c0]" in fields["PRE"].replace("w_a[w", "w[w")
+    assert cols % bk == 0
+
+
 def _ran(ops, weight, tokens) -> str:
     return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
@@ -37,7 +82,8 @@ def _ran_all(weight, tokens) -> list[str]:
     return [d[0].kjarni_name for d in plan[0]]
 
 
-TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1)]
+TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1),
+            (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2)]
 
 
 @pytest.mark.parametrize("splits", [1, 3])

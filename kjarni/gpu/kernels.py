@@ -151,10 +151,13 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, 4, 2, 2, 2, 0), (4, 2, 2, 1, 2, 0), (2, 4, 1, 2, 2, 0),
     (2, 2, 2, 2, 2, 1), (2, 4, 2, 2, 2, 1), (4, 2, 2, 2, 2, 1), (4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 4, 1),
     (4, 2, 2, 4, 2, 1),
+    (2, 2, 2, 2, 2, 2), (2, 4, 2, 2, 2, 2), (4, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2),
+    (4, 2, 2, 4, 2, 2), (4, 4, 2, 2, 4, 2), (4, 4, 2, 4, 2, 2),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
-subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: operands through workgroup
-memory), each at subgroup sizes 32 and 64 where the copies divide evenly."""
+subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
+through workgroup memory copied by matrix loads and stores, 2 through workgroup memory copied by
+the threads in 16-byte chunks), each at subgroup sizes 32 and 64 where the copies divide evenly."""
 
 
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
@@ -164,14 +167,38 @@ format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmp
 
 def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
     """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
-    ``4x2_1x1_k2_d_sg32`` (f16) or ``4x4_2x2_k2_s_sg32.Q8_0``."""
-    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'s' if shared else 'd'}_sg{sg}"
+    ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0`` or ``4x4_2x2_k2_t_sg32`` (SHARED 2)."""
+    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dst'[shared]}_sg{sg}"
     return name if fmt == "f16" else f"{name}.{fmt}"
 
 
 def tc_quant_chunks(tn: int, sm: int, sn: int, ku: int, sg: int) -> float:
-    """Weight chunks (8 values) each thread dequantizes a step in a quantized ``matmul_tc`` tile."""
+    """Weight chunks (8 values) each thread dequantizes a step in a quantized ``matmul_tc`` tile
+    (or copies, in a SHARED 2 tile)."""
     return (sn * tn * 16) * (16 * ku // 8) / (sm * sn * sg)
+
+
+def tc_x_chunks(tm: int, sm: int, sn: int, ku: int, sg: int) -> float:
+    """Activation chunks (8 f16 values, 16 bytes) each thread copies a step in a SHARED 2 tile."""
+    return (sm * tm * 16) * (16 * ku // 8) / (sm * sn * sg)
+
+
+def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: bool = False) -> bool:
+    """Whether ``matmul_tc`` has a variant of ``tile`` at subgroup size ``sg`` (for quantized weights
+    with ``quant``): the operand copies of a step must divide evenly over the subgroups (SHARED 1:
+    16 x 16 matrices) or the threads (SHARED 2 and every quantized weight tile: 8-value chunks).
+    Quantized weights have SHARED 1 tiles only (their weight tile is always copied in chunks)."""
+    tm, tn, sm, sn, ku, shared = tile
+    if shared == 0 or (quant and shared == 2):
+        return not quant
+    if shared == 1:
+        a_ok = tm * sm * ku % (sm * sn) == 0
+    else:
+        a_ok = tc_x_chunks(tm, sm, sn, ku, sg).is_integer() and tc_x_chunks(tm, sm, sn, ku, sg) >= 1
+    if shared == 2 or quant:
+        w = tc_quant_chunks(tn, sm, sn, ku, sg)
+        return a_ok and w.is_integer() and w >= 1
+    return a_ok and tn * sn * ku % (sm * sn) == 0
 
 
 def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> dict[str, str]:
@@ -195,8 +222,12 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         raise ValueError(f"matmul_tc: {fmt} weights need a SHARED tile (the weight tile is dequantized in workgroup memory)")
     if quant:  # the block decoder (w_a, w_b, fetch_w8 / finish_w8)
         weight = f"// #include {BLOCKS[fmt]}.wgsl" + ("" if fmt == "Q8_0" else "\n// #include matmul_w_direct.wgsl")
+    elif shared == 2:  # 16-byte chunks of the f16 weight, copied by the threads
+        weight = "@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;"
     else:
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
+    xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared == 2
+             else "@group(0) @binding(1) var<storage, read> x: array<f16>;")
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -208,49 +239,72 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
             out.append("        }")
         return out
 
+    def halves(dst: str, src: str, var: str) -> list[str]:
+        """Stores 8 f16 values of the 16-byte chunk ``src`` (a vec4<u32>) at dst .. dst + 7 of ``var``."""
+        out = ["        {"] + [f"            let h{c} = bitcast<vec2<f16>>({src}.{'xyzw'[c]});" for c in range(4)]
+        out += [f"            {var}[{dst} + {e}u] = h{e // 2}.{'xy'[e % 2]};" for e in range(8)]
+        return out + ["        }"]
+
     if not shared:
         decl += [f"    let xo{i} = t{i} * cols;" for i in range(tm)] + [f"    let wo{j} = r{j} * cols;" for j in range(tn)]
         step = products("&x, xo{i} + k0 + {k}u, cols", "&w_a, wo{j} + k0 + {k}u, cols")
     else:
         shmem = "var<workgroup> xs: array<f16, BM * LDS>;\nvar<workgroup> ws: array<f16, BN * LDS>;"
-        na, nb = sm * tm * ku // nsg, sn * tn * ku // nsg  # operand matrices each subgroup copies a step
+        # SHARED 1: each subgroup copies whole 16 x 16 operand matrices by matrix loads and stores.
+        na, nb = (sm * tm * ku // nsg, sn * tn * ku // nsg) if shared == 1 else (0, 0)
         for n in range(na):
             q = f"({n * nsg}u + sg)"
             decl += [f"    let qa{n}_src = tok(wid.y, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qa{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pa{n}: {left};"]
-        nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant else 0
         for n in range(nb if not quant else 0):
             q = f"({n * nsg}u + sg)"
             decl += [f"    let qb{n}_src = row(wid.x, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qb{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pb{n}: {right};"]
+        # SHARED 2: thread i of the workgroup copies 8-value chunks i, i + WG, .. of each tile (tile
+        # row chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..), activations and f16 weights alike.
+        nx = int(tc_x_chunks(tm, sm, sn, ku, sg)) if shared == 2 else 0
+        for n in range(nx):
+            i = f"({n}u * WG + sg * SG + lane)"
+            decl += [f"    let xc{n} = {i} % (BK / 8u);",
+                     f"    let xr{n} = tok(wid.y, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
+                     f"    let xd{n} = {i} / (BK / 8u) * LDS + 8u * xc{n};",
+                     f"    var px{n}: vec4<u32>;"]
+        nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant or shared == 2 else 0
         for n in range(nc):  # chunk i = n WG + thread: tile row i / (BK / 8), columns 8 (i % (BK / 8)) ..
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let wc{n} = {i} % (BK / 8u);",
                      f"    let wr{n} = row(wid.x, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
                      f"    let wd{n} = {i} / (BK / 8u) * LDS + 8u * wc{n};",
-                     f"    var pw{n}: WRaw;"]
+                     f"    var pw{n}: {'WRaw' if quant else 'vec4<u32>'};"]
 
         def fetch(k: str, indent: str) -> list[str]:
+            wload = (lambda n: f"fetch_w8(wr{n}, ({k}) / 8u + wc{n})") if quant else (lambda n: f"w_a[wr{n} * (cols / 8u) + ({k}) / 8u + wc{n}]")
             return ([f"{indent}pa{n} = subgroupMatrixLoad<{left}, row_major>(&x, qa{n}_src + {k}, cols);" for n in range(na)]
                     + [f"{indent}pb{n} = subgroupMatrixLoad<{right}, col_major>(&w_a, qb{n}_src + {k}, cols);" for n in range(nb if not quant else 0)]
-                    + [f"{indent}pw{n} = fetch_w8(wr{n}, ({k}) / 8u + wc{n});" for n in range(nc)])
+                    + [f"{indent}px{n} = x[xr{n} * (cols / 8u) + ({k}) / 8u + xc{n}];" for n in range(nx)]
+                    + [f"{indent}pw{n} = {wload(n)};" for n in range(nc)])
 
         pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ") + ["    }"]
         step = [f"        subgroupMatrixStore<row_major>(&xs, qa{n}_dst, pa{n}, LDS);" for n in range(na)]
         step += [f"        subgroupMatrixStore<col_major>(&ws, qb{n}_dst, pb{n}, LDS);" for n in range(nb if not quant else 0)]
+        for n in range(nx):
+            step += halves(f"xd{n}", f"px{n}", "xs")
         for n in range(nc):
-            step += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
-                     "            let g = vec4<f16>(v.b);"]
-            step += [f"            ws[wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
-            step += ["        }"]
+            if quant:
+                step += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
+                         "            let g = vec4<f16>(v.b);"]
+                step += [f"            ws[wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
+                step += ["        }"]
+            else:
+                step += halves(f"wd{n}", f"pw{n}", "ws")
         step += ["        workgroupBarrier();", "        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
         step += products("&xs, (sm * TM + {i}u) * 16u * LDS + {k}u, LDS", "&ws, (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
         step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
     return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
-            "WEIGHT": weight, "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
+            "X": xdecl, "WEIGHT": weight, "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
             "STEP": "\n".join(step), "STORE": "\n".join(store)}
 
 
@@ -362,13 +416,10 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     },
     "matmul_tc": {
         tc_variant(*tile, sg): tc_fields(*tile, sg)
-        for tile in TC_TILES for sg in (32, 64)
-        if not tile[5] or (tile[0] * tile[2] * tile[4] % (tile[2] * tile[3]) == 0 and tile[1] * tile[3] * tile[4] % (tile[2] * tile[3]) == 0)
+        for tile in TC_TILES for sg in (32, 64) if tc_tile_renders(tile, sg)
     } | {
         tc_variant(*tile, sg, fmt): tc_fields(*tile, sg, fmt)
-        for tile in TC_TILES for sg in (32, 64) for fmt in TC_QUANT_FORMATS
-        if tile[5] and tile[0] * tile[2] * tile[4] % (tile[2] * tile[3]) == 0 and tc_quant_chunks(*tile[1:5], sg).is_integer()
-        and tc_quant_chunks(*tile[1:5], sg) >= 1
+        for tile in TC_TILES for sg in (32, 64) for fmt in TC_QUANT_FORMATS if tc_tile_renders(tile, sg, quant=True)
     },
 }
 """Template -> variant -> the values of its ``{{NAME}}`` fields."""
