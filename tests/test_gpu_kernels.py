@@ -129,6 +129,18 @@ def test_rms_norm_silu_mul_and_rows_match_numpy(gpu_ops):
     np.testing.assert_array_equal(gpu_ops.read(gpu_ops.rows(gx, 0, 1)), x[:1])
 
 
+@pytest.mark.parametrize("tokens,features,first,count", [(3, 151_936, 2, 1), (70, 1100, 69, 1), (70, 1100, 5, 60), (2, 1, 1, 1)])
+def test_rows_is_one_dispatch_giving_exactly_those_rows(gpu_ops, tokens, features, first, count):
+    # rows.wgsl, not a buffer copy: a few-token forward's last row (a vocabulary-wide one too).
+    x = rand(np.random.default_rng(tokens + first), tokens, features)
+    gx = upload(gpu_ops, x)
+    before = gpu_ops.context.stats.dispatches
+    out = gpu_ops.rows(gx, first, count)
+    assert gpu_ops.context.stats.dispatches == before + 1
+    assert out.shape == (count, features)
+    np.testing.assert_array_equal(gpu_ops.read(out), x[first:first + count])
+
+
 # ---------------------------------------------------------------- rope_store + attention
 
 

@@ -24,10 +24,10 @@ What makes a tape stale (never replayed again; the next step of its key records 
 context's ``epoch`` moved (`WgpuContext.release` / ``close`` destroyed buffers: a model's weights
 or KV caches), the model is gone, or a per-step buffer the tape binds was reallocated (a longer
 prompt's ids). Never taped: prefills (more than ``matvec_max_tokens`` tokens), steps while
-profiling, and a forward whose recording did anything but dispatch (a buffer copy: ``rows`` of a
-few-token "last" forward), bound a pooled buffer it did not get during the step (other than its
-input ids), wrote a per-step buffer other than the position and the ids of that forward, or did
-not return a fresh activation. Such a forward is marked and recorded normally from then on.
+profiling, and a forward whose recording did anything but dispatch (a buffer copy; ``ops.rows``,
+which keeps the last row of a few-token "last" forward, is a dispatch), bound a pooled buffer it
+did not get during the step (other than its input ids), wrote a per-step buffer other than the
+position and the ids of that forward, or did not return a fresh activation. Such a forward is marked and recorded normally from then on.
 
 Buffers: every scratch buffer handed out while a tape is recorded stays the tape's own (not
 reused within the step nor by anyone else) until the tape goes, so a replay writes only buffers

@@ -26,7 +26,7 @@ from kjarni.gpu.attention import Attention, WgpuKVCache
 from kjarni.gpu.capture import StepTapes
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.linear import Linear, template_pipeline
-from kjarni.gpu.params import ELEMENTWISE, LAYER_NORM, LINEAR, RMS_NORM, SELECT, SILU_MUL
+from kjarni.gpu.params import ELEMENTWISE, LAYER_NORM, LINEAR, RMS_NORM, ROWS, SELECT, SILU_MUL
 from kjarni.gpu.step import AttentionPartials, GpuTensor, GpuTokens, SiluMulPending, StepStart, TokenRing, fold, new_tensor
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.upload import GpuWeight, Segment, Uploader
@@ -264,13 +264,18 @@ class WgpuOps:
         return out
 
     def rows(self, x: GpuTensor, first: int, count: int) -> GpuTensor:
+        """Rows ``first .. first + count`` of ``x``: a prefix view of the same buffer, else a new
+        activation written by a dispatch (rows.wgsl; not a buffer copy, so a few-token forward
+        that keeps only its last row can still be taped: kjarni/gpu/capture.py)."""
         tokens, features = x.shape
         if not (0 <= first and count >= 0 and first + count <= tokens):
             raise InvalidConfigurationError(f"rows {first}..{first + count} outside an activation of {tokens} rows")
-        if first == 0:
+        if first == 0 or count == 0:
             return GpuTensor(x.scratch, (count, features))  # a prefix view of the same buffer
+        ctx = self.context
         out = self._new(count, features)
-        self.context.copy(x.buffer, first * features * 4, out.buffer, 0, count * features * 4)
+        params = ctx.uniform(ROWS.pack(count=count * features, first=first * features))
+        ctx.dispatch(ctx.pipeline("rows", SILU_KINDS), (params, x.buffer, out.buffer), fold(-(-count * features // 64)))
         return out
 
     # ------------------------------------------------------------------ readback

@@ -55,6 +55,8 @@ SILU_MUL = _layout("SiluMulParams", "half:u32 tokens:u32 _pad0:u32 _pad1:u32")
 LAYER_NORM = _layout("LayerNormParams", "cols:u32 tokens:u32 eps:f32 _pad:u32")
 ELEMENTWISE = _layout("ElementwiseParams", "count:u32 _pad0:u32 _pad1:u32 _pad2:u32")
 """gelu and add: ``count`` values of the activation(s)."""
+ROWS = _layout("RowsParams", "count:u32 first:u32 _pad0:u32 _pad1:u32")
+"""rows.wgsl: ``count`` values from value ``first`` of the activation (both rows x features)."""
 ROPE_STORE = _layout(
     "RopeStoreParams",
     "num_heads:u32 num_kv_heads:u32 head_dim:u32 tokens:u32 capacity:u32 rotary_dim:u32 _pad1:u32 _pad2:u32",
@@ -88,6 +90,7 @@ KERNEL_PARAMS: dict[str, ParamsLayout] = {
     "layer_norm": LAYER_NORM,
     "gelu": ELEMENTWISE,
     "add": ELEMENTWISE,
+    "rows": ROWS,
     "rope_store": ROPE_STORE,
     "attention_decode": ATTENTION,
     "attention_combine": ATTENTION,
