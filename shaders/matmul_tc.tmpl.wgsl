@@ -20,7 +20,10 @@
 // copied to workgroup memory by matrix loads and stores spread over the subgroups (prefetched one
 // step ahead into registers), and every subgroup reads its operands from there. SHARED 2: the
 // same tiles, copied by the threads in 16-byte chunks (x and an f16 w_a then read as vec4<u32>,
-// stored to workgroup memory as 8 f16 values), as quantized weight tiles always are.
+// stored to workgroup memory as 8 f16 values), as quantized weight tiles always are. SHARED 3:
+// SHARED 2 with two tiles of each operand: step s's products read tile s % 2 while step s + 1's
+// registers are stored into the other and step s + 2's loads are issued, one barrier a step
+// (twice the workgroup memory).
 // Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
 // residual written to workgroup memory; they are stored straight to y.
 // Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores

@@ -28,7 +28,7 @@ T = gguf.GGMLQuantizationType
 ref16 = NumpyOps(weight_format="f16", activations="f16")
 ref32 = NumpyOps()
 
-TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1)]
+TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1), (4, 4, 2, 2, 2, 3), (2, 2, 2, 2, 2, 3)]
 
 
 def _stub_linear(sg: int | None = 32, tuning: GpuTuning | None = None) -> Linear:
@@ -82,7 +82,7 @@ def test_quantized_tensor_cores_only_where_they_apply(case):
 def test_quantized_variants_exist_only_for_shared_tiles_and_render():
     names = [n for n in kernels.TEMPLATES["matmul_tc"] if "." in n]
     assert {n.split(".")[1] for n in names} == set(kernels.TC_QUANT_FORMATS)
-    assert all("_s_sg" in n for n in names)
+    assert all("_s_sg" in n or "_p_sg" in n for n in names)  # SHARED 1 and 3: the weight tile in workgroup memory
     for fmt in kernels.TC_QUANT_FORMATS:
         text = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, 1, 32, fmt))
         assert "fn fetch_w8" in text and "var<storage, read> w_a: array<f16>" not in text

@@ -153,11 +153,14 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (4, 2, 2, 4, 2, 1),
     (2, 2, 2, 2, 2, 2), (2, 4, 2, 2, 2, 2), (4, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2),
     (4, 2, 2, 4, 2, 2), (4, 4, 2, 2, 4, 2), (4, 4, 2, 4, 2, 2),
+    (2, 2, 2, 2, 2, 3), (2, 4, 2, 2, 2, 3), (4, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 3),
+    (2, 4, 4, 2, 2, 3),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
 subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
 through workgroup memory copied by matrix loads and stores, 2 through workgroup memory copied by
-the threads in 16-byte chunks), each at subgroup sizes 32 and 64 where the copies divide evenly."""
+the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step),
+each at subgroup sizes 32 and 64 where the copies divide evenly."""
 
 
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
@@ -167,8 +170,9 @@ format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmp
 
 def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
     """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
-    ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0`` or ``4x4_2x2_k2_t_sg32`` (SHARED 2)."""
-    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dst'[shared]}_sg{sg}"
+    ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0``, ``4x4_2x2_k2_t_sg32`` (SHARED 2) or
+    ``4x4_2x2_k2_p_sg32`` (SHARED 3)."""
+    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dstp'[shared]}_sg{sg}"
     return name if fmt == "f16" else f"{name}.{fmt}"
 
 
@@ -186,8 +190,9 @@ def tc_x_chunks(tm: int, sm: int, sn: int, ku: int, sg: int) -> float:
 def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: bool = False) -> bool:
     """Whether ``matmul_tc`` has a variant of ``tile`` at subgroup size ``sg`` (for quantized weights
     with ``quant``): the operand copies of a step must divide evenly over the subgroups (SHARED 1:
-    16 x 16 matrices) or the threads (SHARED 2 and every quantized weight tile: 8-value chunks).
-    Quantized weights have SHARED 1 tiles only (their weight tile is always copied in chunks)."""
+    16 x 16 matrices) or the threads (SHARED 2 and 3, and every quantized weight tile: 8-value
+    chunks). Quantized weights have SHARED 1 and 3 tiles only (their weight tile is always copied
+    in chunks: SHARED 2 would be SHARED 1 with x copied by the threads)."""
     tm, tn, sm, sn, ku, shared = tile
     if shared == 0 or (quant and shared == 2):
         return not quant
@@ -195,7 +200,7 @@ def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: b
         a_ok = tm * sm * ku % (sm * sn) == 0
     else:
         a_ok = tc_x_chunks(tm, sm, sn, ku, sg).is_integer() and tc_x_chunks(tm, sm, sn, ku, sg) >= 1
-    if shared == 2 or quant:
+    if shared >= 2 or quant:
         w = tc_quant_chunks(tn, sm, sn, ku, sg)
         return a_ok and w.is_integer() and w >= 1
     return a_ok and tn * sn * ku % (sm * sn) == 0
@@ -222,12 +227,13 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         raise ValueError(f"matmul_tc: {fmt} weights need a SHARED tile (the weight tile is dequantized in workgroup memory)")
     if quant:  # the block decoder (w_a, w_b, fetch_w8 / finish_w8)
         weight = f"// #include {BLOCKS[fmt]}.wgsl" + ("" if fmt == "Q8_0" else "\n// #include matmul_w_direct.wgsl")
-    elif shared == 2:  # 16-byte chunks of the f16 weight, copied by the threads
+    elif shared >= 2:  # 16-byte chunks of the f16 weight, copied by the threads
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;"
     else:
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
-    xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared == 2
+    xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared >= 2
              else "@group(0) @binding(1) var<storage, read> x: array<f16>;")
+    double = shared == 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -249,7 +255,8 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         decl += [f"    let xo{i} = t{i} * cols;" for i in range(tm)] + [f"    let wo{j} = r{j} * cols;" for j in range(tn)]
         step = products("&x, xo{i} + k0 + {k}u, cols", "&w_a, wo{j} + k0 + {k}u, cols")
     else:
-        shmem = "var<workgroup> xs: array<f16, BM * LDS>;\nvar<workgroup> ws: array<f16, BN * LDS>;"
+        nbuf = "2u * " if double else ""
+        shmem = f"var<workgroup> xs: array<f16, {nbuf}BM * LDS>;\nvar<workgroup> ws: array<f16, {nbuf}BN * LDS>;"
         # SHARED 1: each subgroup copies whole 16 x 16 operand matrices by matrix loads and stores.
         na, nb = (sm * tm * ku // nsg, sn * tn * ku // nsg) if shared == 1 else (0, 0)
         for n in range(na):
@@ -264,14 +271,14 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
                      f"    var pb{n}: {right};"]
         # SHARED 2: thread i of the workgroup copies 8-value chunks i, i + WG, .. of each tile (tile
         # row chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..), activations and f16 weights alike.
-        nx = int(tc_x_chunks(tm, sm, sn, ku, sg)) if shared == 2 else 0
+        nx = int(tc_x_chunks(tm, sm, sn, ku, sg)) if shared >= 2 else 0
         for n in range(nx):
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let xc{n} = {i} % (BK / 8u);",
                      f"    let xr{n} = tok(wid.y, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
                      f"    let xd{n} = {i} / (BK / 8u) * LDS + 8u * xc{n};",
                      f"    var px{n}: vec4<u32>;"]
-        nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant or shared == 2 else 0
+        nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant or shared >= 2 else 0
         for n in range(nc):  # chunk i = n WG + thread: tile row i / (BK / 8), columns 8 (i % (BK / 8)) ..
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let wc{n} = {i} % (BK / 8u);",
@@ -286,22 +293,43 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
                     + [f"{indent}px{n} = x[xr{n} * (cols / 8u) + ({k}) / 8u + xc{n}];" for n in range(nx)]
                     + [f"{indent}pw{n} = {wload(n)};" for n in range(nc)])
 
-        pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ") + ["    }"]
-        step = [f"        subgroupMatrixStore<row_major>(&xs, qa{n}_dst, pa{n}, LDS);" for n in range(na)]
-        step += [f"        subgroupMatrixStore<col_major>(&ws, qb{n}_dst, pb{n}, LDS);" for n in range(nb if not quant else 0)]
-        for n in range(nx):
-            step += halves(f"xd{n}", f"px{n}", "xs")
-        for n in range(nc):
-            if quant:
-                step += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
-                         "            let g = vec4<f16>(v.b);"]
-                step += [f"            ws[wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
-                step += ["        }"]
-            else:
-                step += halves(f"wd{n}", f"pw{n}", "ws")
-        step += ["        workgroupBarrier();", "        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
-        step += products("&xs, (sm * TM + {i}u) * 16u * LDS + {k}u, LDS", "&ws, (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
-        step += ["        workgroupBarrier();"]
+        def stores(xo: str, wo: str) -> list[str]:
+            """The prefetched registers into the tiles at xs[xo ..] and ws[wo ..]."""
+            out = [f"        subgroupMatrixStore<row_major>(&xs, {xo}qa{n}_dst, pa{n}, LDS);" for n in range(na)]
+            out += [f"        subgroupMatrixStore<col_major>(&ws, {wo}qb{n}_dst, pb{n}, LDS);" for n in range(nb if not quant else 0)]
+            for n in range(nx):
+                out += halves(f"{xo}xd{n}", f"px{n}", "xs")
+            for n in range(nc):
+                if quant:
+                    out += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
+                            "            let g = vec4<f16>(v.b);"]
+                    out += [f"            ws[{wo}wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
+                    out += ["        }"]
+                else:
+                    out += halves(f"{wo}wd{n}", f"pw{n}", "ws")
+            return out
+
+        if not double:
+            pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ") + ["    }"]
+            step = stores("", "")
+            step += ["        workgroupBarrier();", "        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
+            step += products("&xs, (sm * TM + {i}u) * 16u * LDS + {k}u, LDS", "&ws, (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
+            step += ["        workgroupBarrier();"]
+        else:
+            # Step k0 into tile 0 and step k0 + BK in flight before the loop; at each step the
+            # registers (step k0 + BK) go to the other tile, whose last reads (step k0 - BK) ended
+            # before the previous barrier, step k0 + 2 BK's loads are issued, and the products
+            # read this step's tile: one barrier a step.
+            pre = ["    if (k_begin < k_end) {"] + fetch("k_begin", "        ")
+            pre += ["    " + line for line in stores("", "")]
+            pre += ["        if (k_begin + BK < k_end) {"] + fetch("k_begin + BK", "            ") + ["        }", "    }",
+                                                                                                   "    workgroupBarrier();"]
+            step = ["        let cur = (k0 - k_begin) / BK % 2u;", "        if (k0 + BK < k_end) {"]
+            step += ["    " + line for line in stores("(1u - cur) * BM * LDS + ", "(1u - cur) * BN * LDS + ")]
+            step += ["            if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "                ") + ["            }", "        }"]
+            step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
+                             "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
+            step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
     return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
             "X": xdecl, "WEIGHT": weight, "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
@@ -311,7 +339,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
 def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int) -> int:
     """Workgroup memory of a ``matmul_tc`` tile: the bias staging, and the operand tiles with SHARED."""
     lds = 16 * ku + 8
-    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) if shared else 0)
+    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) * (2 if shared == 3 else 1) if shared else 0)
 
 
 MATVEC_F16_SHAPES: tuple[tuple[int, int], ...] = tuple((r, un) for r in (1, 2, 4) for un in (1, 2, 4))

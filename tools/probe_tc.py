@@ -1,0 +1,252 @@
+"""Where a tensor-core prefill product's time goes (issue 20), on a Dawn adapter with f16 subgroup
+matrices: ``matmul_tc`` tiles timed whole and with parts of their K loop left out, and what
+``subgroupMatrixLoad`` of an f16 matrix reads from workgroup arrays of other element types. Prints
+JSON lines as they come (a run cut short keeps what it printed).
+
+Probes of a tile (each a text edit of the rendered kernel; only ``full`` computes the product):
+
+  full      the kernel as shipped
+  copy      the global loads, workgroup stores and barriers, but one matrix product a step
+            instead of TM x TN (the other operands' loads then fall away too)
+  noglobal  no loads from storage in the K loop: the workgroup tiles are stored from stale registers
+  nosync    noglobal without the loop's barriers (stores, operand loads, products)
+  smem_mma  nosync without the stores: the operand loads from workgroup memory and the products
+  mma       the operands loaded once before the loop: the products alone
+
+Time per probe is GPU time from timestamp queries around each product (the f16 activation prep
+not counted), the mean of ``--reps``; ``tflops`` is the whole product's FLOPs over that time, so a
+probe's figure is the rate the product would run at if only that part cost anything.
+
+``--layouts`` loads a 16 x 16 f16 left (row-major) and right (column-major) matrix from workgroup
+arrays of f16, u32, vec2<f16> and vec4<u32> with an offset and stride and says whether Dawn read
+them in halves (the WGSL meaning of offset and stride) or in units of the array's element.
+
+    python tools/probe_tc.py --layouts
+    python tools/probe_tc.py --model qwen2.5-1.5b --shapes gate_up --tc-tiles 4x4_2x2_k2_s,4x4_2x2_k2_t
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kjarni.gpu import kernels  # noqa: E402
+from sweep_sgmat import EPS, shapes  # noqa: E402
+
+PROBES = ("full", "copy", "noglobal", "nosync", "smem_mma", "mma")
+
+_GLOBAL = re.compile(r"^\s*p[abxw]\d+ = ")  # the prefetches from storage (PRE and the loop)
+_STORE = re.compile(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)")
+_LOOP_BARRIER = re.compile(r"^ {8}workgroupBarrier\(\);$")  # the K loop's (bias_tile's are deeper)
+_MMA = re.compile(r"^\s*acc(\d+)_(\d+) = subgroupMatrixMultiplyAccumulate")
+_OPERAND = re.compile(r"^(\s*)let ([ab]\d+) = (subgroupMatrixLoad<.*\(&[xw]s, .*?) \+ (\d+)u, LDS\);$")
+
+
+def probe_source(source: str, probe: str) -> str:
+    """The rendered ``matmul_tc`` kernel with the parts ``probe`` leaves out deleted."""
+    if probe == "full":
+        return source
+    out, hoisted = [], {}
+    lines = source.splitlines()
+    for line in lines:
+        if probe == "copy":
+            m = _MMA.match(line)
+            if m and (m.group(1), m.group(2)) != ("0", "0"):
+                continue
+        if probe in ("noglobal", "nosync", "smem_mma", "mma") and _GLOBAL.match(line):
+            continue
+        if probe in ("nosync", "smem_mma", "mma") and _LOOP_BARRIER.match(line):
+            continue
+        if probe in ("smem_mma", "mma") and _STORE.match(line):
+            continue
+        if probe == "mma":
+            m = _OPERAND.match(line)
+            if m:  # the first K step's operand, loaded once before the loop
+                operand = m.group(3).replace("cur * ", "0u * ")  # SHARED 3: the first tile
+                hoisted.setdefault(m.group(2), f"    let {m.group(2)} = {operand} + 0u, LDS);")
+                continue
+        out.append(line)
+    if probe == "mma":
+        at = next(i for i, line in enumerate(out) if line.lstrip().startswith("for (var k0 = k_begin;"))
+        out[at:at] = list(hoisted.values())
+    return "\n".join(out) + "\n"
+
+
+LAYOUT_KERNEL = """enable f16;
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f16>;
+
+var<workgroup> ws: array<{T}, {N}u>;
+
+@compute @workgroup_size(128)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_id) sg: u32) {{
+    for (var j = i; j < {N}u; j += 128u) {{
+{FILL}
+    }}
+    workgroupBarrier();
+    if (sg == 0u) {{
+        let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&ws, {OFF}u, {STRIDE}u);
+        subgroupMatrixStore<row_major>(&dst, 0u, a, 16u);
+        let b = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&ws, {OFF}u, {STRIDE}u);
+        subgroupMatrixStore<col_major>(&dst, 256u, b, 16u);
+    }}
+}}
+"""
+LAYOUT_FILL = {  # element type: (halves an element, the statement filling ws[j] from src's words)
+    "f16": (1, "        ws[j] = bitcast<vec2<f16>>(src[j / 2u])[j % 2u];"),
+    "u32": (2, "        ws[j] = src[j];"),
+    "vec2<f16>": (2, "        ws[j] = bitcast<vec2<f16>>(src[j]);"),
+    "vec4<u32>": (8, "        ws[j] = vec4<u32>(src[4u * j], src[4u * j + 1u], src[4u * j + 2u], src[4u * j + 3u]);"),
+}
+
+
+def layouts(ctx) -> None:
+    """Which reading of offset and stride Dawn gives f16 matrices loaded from each array type."""
+    import wgpu
+
+    device = ctx.device
+    bu = wgpu.BufferUsage
+    halves = 4096
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal(halves).astype(np.float16)
+    src = device.create_buffer(size=halves * 2, usage=bu.STORAGE | bu.COPY_DST)
+    device.queue.write_buffer(src, 0, h.view(np.uint32).tobytes())
+    dst = device.create_buffer(size=1024, usage=bu.STORAGE | bu.COPY_SRC)
+    off, stride = 8, 24  # in halves: room for both readings within 4,096 halves
+    for t, (unit, fill) in LAYOUT_FILL.items():
+        entry: dict = {"probe": "layout", "type": t, "offset": off, "stride": stride}
+        try:
+            code = LAYOUT_KERNEL.format(T=t, N=halves // unit, FILL=fill, OFF=off, STRIDE=stride)
+            module = device.create_shader_module(code=code)
+            pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+            group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+                {"binding": 0, "resource": {"buffer": src, "offset": 0, "size": halves * 2}},
+                {"binding": 1, "resource": {"buffer": dst, "offset": 0, "size": 1024}}])
+            encoder = device.create_command_encoder()
+            compute = encoder.begin_compute_pass()
+            compute.set_pipeline(pipeline)
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(1, 1, 1)
+            compute.end()
+            device.queue.submit([encoder.finish()])
+            got = np.frombuffer(device.queue.read_buffer(dst), dtype=np.float16)
+            left, right = got[:256].reshape(16, 16), got[256:].reshape(16, 16).T  # right: [k][n] stored column-major
+            readings = {"halves": 1, "elements": unit}
+            for name, u in readings.items():
+                # Row (left) or column (right) r of the matrix starts at u (off + r stride) halves.
+                want = np.stack([h[u * (off + r * stride): u * (off + r * stride) + 16] for r in range(16)])
+                entry[f"left_{name}"] = bool(np.array_equal(left, want))
+                entry[f"right_{name}"] = bool(np.array_equal(right.T, want))
+        except Exception as exc:  # noqa: BLE001 - reported per type
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(json.dumps(entry), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-1.5b", choices=("qwen2.5-0.5b", "qwen2.5-1.5b"))
+    parser.add_argument("--shapes", default="gate_up", help="comma-separated subset of qkv,o_proj,gate_up,down")
+    parser.add_argument("--tc-tiles", default="4x4_2x2_k2_s", help="comma-separated TMxTN_SMxSN_kKU_{s,t,p} (SHARED 1, 2 or 3)")
+    parser.add_argument("--probes", default=",".join(PROBES))
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warm-ms", type=float, default=500, help="products run before the first timing (the clock ramps)")
+    parser.add_argument("--layouts", action="store_true", help="only the workgroup-array reading test")
+    args = parser.parse_args()
+
+    from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
+    from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
+
+    ctx = WgpuContext(runtime="dawn", dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES)
+    sg = ctx.f16_matrix_subgroup
+    print(json.dumps({"adapter": ctx.description, "runtime": ctx.runtime.description, "f16_matrix_subgroup": sg}), flush=True)
+    if args.layouts:
+        layouts(ctx)
+        return
+    if sg is None:
+        raise SystemExit("probe_tc: this adapter has no f16 subgroup-matrix configuration")
+    tiles = {kernels.tc_variant(*t, sg).rsplit("_sg", 1)[0]: t for t in kernels.TC_TILES if t[5]}
+    rng = np.random.default_rng(0)
+    original = kernels.template
+    state = {"probe": "full"}
+
+    def template(op: str, variant: str, flags: frozenset[str] = frozenset()) -> str:
+        text = original(op, variant, flags)
+        return probe_source(text, state["probe"]) if op == "matmul_tc" else text
+
+    kernels.template = template
+    warm = True
+    for name, (rows, cols, kind) in shapes(args.model).items():
+        if name not in args.shapes.split(","):
+            continue
+        w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16).astype(np.float32)
+        xin = rng.standard_normal((args.tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
+        nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
+        b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
+        r = rng.standard_normal((args.tokens, rows), dtype=np.float32) if "residual" in kind else None
+        for label in args.tc_tiles.split(","):
+            tile = tiles.get(label)
+            if tile is None or kernels.tc_workgroup_bytes(*tile) > ctx.max_workgroup_storage:
+                print(json.dumps({"shape": name, "tile": label, "error": "no such SHARED tile at this subgroup size"}), flush=True)
+                continue
+            for probe in args.probes.split(","):
+                state["probe"] = probe
+                ctx._pipelines.clear()  # the same kernel name, another source
+                entry: dict = {"shape": name, "rows": rows, "cols": cols, "tile": label, "probe": probe}
+                try:
+                    ops = WgpuOps(ctx, weight_format="f16")
+                    ops.tuning.sgmat_tiles = {}
+                    ops.tuning.tc_tiles = {(rows, cols): tile}
+                    weight = ops.weight(w, name=f"{name}.weight")
+                    nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
+                    bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
+                    x = GpuTensor(ctx.scratch(xin.nbytes), xin.shape)
+                    ctx.queue.write_buffer(x.buffer, 0, xin)
+                    rt = None
+                    if r is not None:
+                        rt = GpuTensor(ctx.scratch(r.nbytes), r.shape)
+                        ctx.queue.write_buffer(rt.buffer, 0, r)
+
+                    def run():
+                        xx = ops.silu_mul(x) if "silu" in kind else x
+                        if nwt is not None:
+                            return ops.norm_linear(xx, nwt, EPS, weight, bt)
+                        return ops.linear(xx, weight, bt, rt)
+
+                    ops.read(run())
+                    start = time.perf_counter()
+                    while warm and time.perf_counter() - start < args.warm_ms / 1e3:  # clocks up before the first timing
+                        ops.read(run())
+                    warm = False
+                    ops.read(run())
+                    ctx.profile(True)
+                    outs = [run() for _ in range(args.reps)]
+                    ops.read(outs[-1])
+                    times = [s for n, s in ctx.stats.kernel_times if n.startswith("matmul_tc.")]
+                    ctx.profile(False)
+                    if not times:
+                        raise RuntimeError(f"matmul_tc did not run ({sorted({n for n, _ in ctx.stats.kernel_times})})")
+                    us = 1e6 * float(np.sum(times)) / args.reps
+                    entry.update(us=round(us, 1), tflops=round(2 * args.tokens * rows * cols / us / 1e6, 1))
+                    ops.close()
+                except Exception as exc:  # noqa: BLE001 - reported per probe
+                    entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    ctx = WgpuContext(runtime="dawn", dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES)
+                print(json.dumps(entry), flush=True)
+    kernels.template = original
+
+
+if __name__ == "__main__":
+    main()
