@@ -17,11 +17,15 @@ Time per probe is GPU time from timestamp queries around each product (the f16 a
 not counted), the mean of ``--reps``; ``tflops`` is the whole product's FLOPs over that time, so a
 probe's figure is the rate the product would run at if only that part cost anything.
 
+``--mma-peak`` times products on registers alone (NA x NB operand matrices, NA x NB accumulators,
+NSG subgroups a workgroup): the ceiling of any tile at that register load on this stack.
+
 ``--layouts`` loads a 16 x 16 f16 left (row-major) and right (column-major) matrix from workgroup
 arrays of f16, u32, vec2<f16> and vec4<u32> with an offset and stride and says whether Dawn read
 them in halves (the WGSL meaning of offset and stride) or in units of the array's element.
 
     python tools/probe_tc.py --layouts
+    python tools/probe_tc.py --mma-peak 1x1x4,2x2x4,4x4x4,4x2x8
     python tools/probe_tc.py --model qwen2.5-1.5b --shapes gate_up --tc-tiles 4x4_2x2_k2_s,4x4_2x2_k2_t
 """
 
@@ -112,6 +116,61 @@ LAYOUT_FILL = {  # element type: (halves an element, the statement filling ws[j]
 }
 
 
+MMA_KERNEL = """enable f16;
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<f16>;
+
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32) {{
+{DECL}
+    for (var i = 0u; i < {ITERS}u; i++) {{
+{MMA}
+    }}
+{STORE}
+}}
+"""
+
+
+def mma_peak(ctx, configs: str, iters: int, reps: int) -> None:
+    """The rate of f16 subgroup-matrix products on registers alone: NA left x NB right operands
+    loaded once, NA x NB accumulators, ITERS products each per subgroup, NSG subgroups a
+    workgroup, 8 workgroups per multiprocessor-sized grid. The ceiling any matmul_tc tile here
+    can reach at that register load."""
+    sg = ctx.f16_matrix_subgroup
+    src = ctx.upload(np.full(4096, 0.01, dtype=np.float16), "mma.src")  # 16 matrices of 256 halves
+    for item in configs.split(","):
+        na, nb, nsg = (int(v) for v in item.split("x"))
+        groups = 132 * 8
+        entry: dict = {"probe": "mma_peak", "left": na, "right": nb, "subgroups": nsg, "iters": iters}
+        try:
+            decl = [f"    let a{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&src, {256 * i}u, 16u);" for i in range(na)]
+            decl += [f"    let b{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, col_major>(&src, {256 * j}u, 16u);" for j in range(nb)]
+            decl += [f"    var c{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i in range(na) for j in range(nb)]
+            mma = [f"        c{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, b{j}, c{i}_{j});" for i in range(na) for j in range(nb)]
+            store = [f"    subgroupMatrixStore<row_major>(&y, ((wid.x * {nsg}u + sg) * {na * nb}u + {i * nb + j}u) * 256u, c{i}_{j}, 16u);"
+                     for i in range(na) for j in range(nb)]
+            code = MMA_KERNEL.format(WG=nsg * sg, DECL="\n".join(decl), MMA="\n".join(mma), STORE="\n".join(store), ITERS=iters)
+            pipeline = ctx.pipeline(f"mma_peak_{na}x{nb}x{nsg}", ("rw", "read"), source=code)
+            y = ctx.storage(groups * nsg * na * nb * 1024, "mma.y")
+            for _ in range(3):
+                ctx.dispatch(pipeline, [y, src], (groups, 1, 1))
+            ctx.read(y, 0, 4)
+            ctx.profile(True)
+            for _ in range(reps):
+                ctx.dispatch(pipeline, [y, src], (groups, 1, 1))
+            ctx.read(y, 0, 4)
+            us = 1e6 * float(np.mean([t for _, t in ctx.stats.kernel_times]))
+            ctx.profile(False)
+            flops = 2 * 16 * 16 * 16 * na * nb * iters * nsg * groups
+            entry.update(us=round(us, 1), tflops=round(flops / us / 1e6, 1))
+        except Exception as exc:  # noqa: BLE001 - reported per configuration
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(json.dumps(entry), flush=True)
+
+
 def layouts(ctx) -> None:
     """Which reading of offset and stride Dawn gives f16 matrices loaded from each array type."""
     import wgpu
@@ -164,6 +223,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warm-ms", type=float, default=500, help="products run before the first timing (the clock ramps)")
     parser.add_argument("--layouts", action="store_true", help="only the workgroup-array reading test")
+    parser.add_argument("--mma-peak", metavar="NAxNBxNSG,...", help="only the register-only product rate, e.g. 1x1x4,4x4x4")
+    parser.add_argument("--iters", type=int, default=2048, help="--mma-peak: products per accumulator")
     args = parser.parse_args()
 
     from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
@@ -174,6 +235,9 @@ def main() -> None:
     print(json.dumps({"adapter": ctx.description, "runtime": ctx.runtime.description, "f16_matrix_subgroup": sg}), flush=True)
     if args.layouts:
         layouts(ctx)
+        return
+    if args.mma_peak:
+        mma_peak(ctx, args.mma_peak, args.iters, args.reps)
         return
     if sg is None:
         raise SystemExit("probe_tc: this adapter has no f16 subgroup-matrix configuration")
