@@ -36,16 +36,16 @@ def _eval_wgsl(expr: str, env: dict) -> int:
 
 
 @pytest.mark.parametrize("variant", sorted(n for n in __import__("kjarni.gpu.kernels", fromlist=["TEMPLATES"]).TEMPLATES["matmul_tc"]
-                                            if "_t_" in n or ("_p_" in n and "." not in n)))
+                                            if "_t_" in n or (re.search(r"_[pvw]_", n) and "." not in n)))
 def test_thread_copied_tiles_copy_each_operand_value_once_from_its_place(variant):
-    """SHARED 2 and 3 tiles (no GPU needed): evaluating the generated chunk indices for every thread,
+    """SHARED 2 to 5 tiles (no GPU needed): evaluating the generated chunk indices for every thread,
     each x and weight tile slot of a K step is written exactly once, from the token / row and columns
     the matrix loads of the subgroups then read it as (clamped into the product like tok() and row())."""
     from kjarni.gpu import kernels
 
-    tm, tn, sm, sn, ku, kind, sg = re.match(r"(\d+)x(\d+)_(\d+)x(\d+)_k(\d+)_([tp])_sg(\d+)$", variant).groups()
+    tm, tn, sm, sn, ku, kind, sg = re.match(r"(\d+)x(\d+)_(\d+)x(\d+)_k(\d+)_([tpvw])_sg(\d+)$", variant).groups()
     tm, tn, sm, sn, ku, sg = (int(v) for v in (tm, tn, sm, sn, ku, sg))
-    fields = kernels.tc_fields(tm, tn, sm, sn, ku, 2 if kind == "t" else 3, sg)
+    fields = kernels.tc_fields(tm, tn, sm, sn, ku, "dstpvw".index(kind), sg)
     decls = dict(re.findall(r"let ([xw][crd]\d+) = (.+);", fields["DECL"]))
     nsg, bk, lds = sm * sn, 16 * ku, 16 * ku + 8
     bm, bn, tokens, rows, cols = sm * tm * 16, sn * tn * 16, 200, 400, 4 * bk
@@ -73,25 +73,29 @@ def test_thread_copied_tiles_copy_each_operand_value_once_from_its_place(variant
     assert cols % bk == 0
 
 
+@pytest.mark.parametrize("shared", [3, 4, 5])
 @pytest.mark.parametrize("fmt", ["f16", "Q8_0", "Q4_K"])
-def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt):
-    """SHARED 3 (no GPU needed): before the loop, step 0 goes to tile 0 and a barrier follows; in the
-    loop every workgroup store goes to the tile the products do not read (1 - cur), every operand
-    load reads tile cur, and one barrier ends the step."""
+def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt, shared):
+    """SHARED 3 to 5 (no GPU needed): before the loop, step 0 goes to tile 0 and a barrier follows;
+    in the loop every workgroup store goes to the tile the products do not read (1 - cur), every
+    operand load reads tile cur, and one barrier ends the step. SHARED 4 and 5 store a chunk as one
+    vec4<u32> and give the loads f16 offsets (4) or vec4<u32> ones (5)."""
     from kjarni.gpu import kernels
 
-    fields = kernels.tc_fields(4, 4, 2, 2, 2, 3, 32, fmt)
+    fields = kernels.tc_fields(4, 4, 2, 2, 2, shared, 32, fmt)
     pre, step = fields["PRE"].splitlines(), fields["STEP"].splitlines()
-    stores = [line for line in step if re.match(r"\s*[xw]s\[", line)]
+    stores = [line.strip() for line in step if re.match(r"\s*[xw]s\[", line)]
     loads = [line for line in step if "subgroupMatrixLoad" in line]
-    assert len(stores) == 8 * (4 + 4) and len(loads) == 2 * (4 + 4)  # 4 + 4 chunks of 8 values; KU x (TM + TN) matrices
-    assert all(line.lstrip().startswith(f"{t}s[(1u - cur) * B{'M' if t == 'x' else 'N'} * LDS + ") for line in stores
-               for t in line.lstrip()[0])
-    assert all(re.search(r"\(&([xw])s, cur \* B[MN] \* LDS \+", line) for line in loads)
+    assert len(stores) == (8 if shared == 3 else 1) * (4 + 4) and len(loads) == 2 * (4 + 4)  # 4 + 4 chunks; KU x (TM + TN) matrices
+    prefix = {3: "{t}s[(1u - cur) * B{mn} * LDS + ", 4: "{t}s[((1u - cur) * B{mn} * LDS + ", 5: "{t}s[((1u - cur) * B{mn} * LDS + "}[shared]
+    assert all(line.startswith(prefix.format(t=line[0], mn="M" if line[0] == "x" else "N")) for line in stores)
+    assert all(line.endswith(") / 8u] = " + line.split(" = ")[1]) for line in stores) or shared == 3
+    pattern = r"\(&([xw])s, cur \* B[MN] \* LDS \+ .*, LDS\);" if shared < 5 else r"\(&([xw])s, \(cur \* B[MN] \* LDS \+ .*\) / 8u, LDS / 8u\);"
+    assert all(re.search(pattern, line) for line in loads)
     assert [line.strip() for line in step].count("workgroupBarrier();") == 1 and step[-1].strip() == "workgroupBarrier();"
     assert pre[-1].strip() == "workgroupBarrier();" and not any("cur" in line for line in pre)
-    assert any(re.match(r"\s*xs\[xd0 \+ 0u\]", line) for line in pre)  # step 0 into tile 0
-    assert kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, 3) == 4 * 1024 + 2 * kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, 2) - 2 * 4 * 1024
+    assert any(re.match(r"\s*xs\[\(?xd0(\) / 8u\]| \+ 0u\])", line) for line in pre)  # step 0 into tile 0
+    assert kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, shared) == 4 * 1024 + 2 * kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, 2) - 2 * 4 * 1024
 
 
 def _ran(ops, weight, tokens) -> str:

@@ -155,12 +155,17 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (4, 2, 2, 4, 2, 2), (4, 4, 2, 2, 4, 2), (4, 4, 2, 4, 2, 2),
     (2, 2, 2, 2, 2, 3), (2, 4, 2, 2, 2, 3), (4, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 3),
     (2, 4, 4, 2, 2, 3),
+    (4, 4, 2, 2, 2, 4), (4, 2, 2, 4, 2, 4), (2, 4, 4, 2, 2, 4), (2, 2, 2, 2, 2, 4),
+    (4, 4, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (2, 4, 4, 2, 2, 5), (2, 2, 2, 2, 2, 5),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
 subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
 through workgroup memory copied by matrix loads and stores, 2 through workgroup memory copied by
-the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step),
-each at subgroup sizes 32 and 64 where the copies divide evenly."""
+the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step, 4
+and 5 as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f16 stores),
+the matrix loads' offset and stride given in f16 elements (4) or in vec4<u32> elements (5): which
+of the two Dawn implements is measured by tools/probe_tc.py --layouts), each at subgroup sizes 32
+and 64 where the copies divide evenly."""
 
 
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
@@ -171,8 +176,8 @@ format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmp
 def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
     """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
     ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0``, ``4x4_2x2_k2_t_sg32`` (SHARED 2) or
-    ``4x4_2x2_k2_p_sg32`` (SHARED 3)."""
-    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dstp'[shared]}_sg{sg}"
+    ``4x4_2x2_k2_p_sg32`` (SHARED 3; 4 and 5: ``_v``, ``_w``)."""
+    name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dstpvw'[shared]}_sg{sg}"
     return name if fmt == "f16" else f"{name}.{fmt}"
 
 
@@ -233,7 +238,10 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
     xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared >= 2
              else "@group(0) @binding(1) var<storage, read> x: array<f16>;")
-    double = shared == 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
+    double = shared >= 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
+    # SHARED 4 and 5: tiles of vec4<u32> (8 f16 values an element); the matrix loads take their
+    # offset and stride in f16 values (4, the WGSL extension's reading) or in elements (5).
+    packed, unit = shared >= 4, (8 if shared == 5 else 1)
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -256,7 +264,8 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         step = products("&x, xo{i} + k0 + {k}u, cols", "&w_a, wo{j} + k0 + {k}u, cols")
     else:
         nbuf = "2u * " if double else ""
-        shmem = f"var<workgroup> xs: array<f16, {nbuf}BM * LDS>;\nvar<workgroup> ws: array<f16, {nbuf}BN * LDS>;"
+        elem, per = ("vec4<u32>", " / 8u") if packed else ("f16", "")
+        shmem = f"var<workgroup> xs: array<{elem}, {nbuf}BM * LDS{per}>;\nvar<workgroup> ws: array<{elem}, {nbuf}BN * LDS{per}>;"
         # SHARED 1: each subgroup copies whole 16 x 16 operand matrices by matrix loads and stores.
         na, nb = (sm * tm * ku // nsg, sn * tn * ku // nsg) if shared == 1 else (0, 0)
         for n in range(na):
@@ -298,13 +307,19 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
             out = [f"        subgroupMatrixStore<row_major>(&xs, {xo}qa{n}_dst, pa{n}, LDS);" for n in range(na)]
             out += [f"        subgroupMatrixStore<col_major>(&ws, {wo}qb{n}_dst, pb{n}, LDS);" for n in range(nb if not quant else 0)]
             for n in range(nx):
-                out += halves(f"{xo}xd{n}", f"px{n}", "xs")
+                out += [f"        xs[({xo}xd{n}) / 8u] = px{n};"] if packed else halves(f"{xo}xd{n}", f"px{n}", "xs")
             for n in range(nc):
                 if quant:
                     out += ["        {", f"            let v = finish_w8(pw{n});", "            let h = vec4<f16>(v.a);",
                             "            let g = vec4<f16>(v.b);"]
-                    out += [f"            ws[{wo}wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
+                    if packed:
+                        out += [f"            ws[({wo}wd{n}) / 8u] = vec4<u32>(bitcast<u32>(h.xy), bitcast<u32>(h.zw), "
+                                "bitcast<u32>(g.xy), bitcast<u32>(g.zw));"]
+                    else:
+                        out += [f"            ws[{wo}wd{n} + {e}u] = {'hg'[e // 4]}.{'xyzw'[e % 4]};" for e in range(8)]
                     out += ["        }"]
+                elif packed:
+                    out += [f"        ws[({wo}wd{n}) / 8u] = pw{n};"]
                 else:
                     out += halves(f"{wo}wd{n}", f"pw{n}", "ws")
             return out
@@ -327,8 +342,12 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
             step = ["        let cur = (k0 - k_begin) / BK % 2u;", "        if (k0 + BK < k_end) {"]
             step += ["    " + line for line in stores("(1u - cur) * BM * LDS + ", "(1u - cur) * BN * LDS + ")]
             step += ["            if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "                ") + ["            }", "        }"]
-            step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
-                             "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
+            if unit == 1:
+                step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
+                                 "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
+            else:  # offsets and strides in vec4<u32> elements: every one a multiple of 8 f16 values
+                step += products("&xs, (cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u) / 8u, LDS / 8u",
+                                 "&ws, (cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u) / 8u, LDS / 8u")
             step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
     return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
@@ -339,7 +358,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
 def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int) -> int:
     """Workgroup memory of a ``matmul_tc`` tile: the bias staging, and the operand tiles with SHARED."""
     lds = 16 * ku + 8
-    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) * (2 if shared == 3 else 1) if shared else 0)
+    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) * (2 if shared >= 3 else 1) if shared else 0)
 
 
 MATVEC_F16_SHAPES: tuple[tuple[int, int], ...] = tuple((r, un) for r in (1, 2, 4) for un in (1, 2, 4))
