@@ -163,7 +163,7 @@ subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands 
 through workgroup memory copied by matrix loads and stores, 2 through workgroup memory copied by
 the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step, 4
 and 5 as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f16 stores),
-the matrix loads' offset and stride given in f16 elements (4) or in vec4<u32> elements (5): which
+the matrix loads' offset and stride given in f16 values (4) or in vec4<u32> elements (5): which
 of the two Dawn implements is measured by tools/probe_tc.py --layouts), each at subgroup sizes 32
 and 64 where the copies divide evenly."""
 
@@ -195,9 +195,9 @@ def tc_x_chunks(tm: int, sm: int, sn: int, ku: int, sg: int) -> float:
 def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: bool = False) -> bool:
     """Whether ``matmul_tc`` has a variant of ``tile`` at subgroup size ``sg`` (for quantized weights
     with ``quant``): the operand copies of a step must divide evenly over the subgroups (SHARED 1:
-    16 x 16 matrices) or the threads (SHARED 2 and 3, and every quantized weight tile: 8-value
-    chunks). Quantized weights have SHARED 1 and 3 tiles only (their weight tile is always copied
-    in chunks: SHARED 2 would be SHARED 1 with x copied by the threads)."""
+    16 x 16 matrices) or the threads (SHARED 2 to 5, and every quantized weight tile: 8-value
+    chunks). Quantized weights have SHARED 1 and 3 to 5 tiles only (their weight tile is always
+    copied in chunks: SHARED 2 would be SHARED 1 with x copied by the threads)."""
     tm, tn, sm, sn, ku, shared = tile
     if shared == 0 or (quant and shared == 2):
         return not quant
