@@ -23,7 +23,9 @@
 // stored to workgroup memory as 8 f16 values), as quantized weight tiles always are. SHARED 3:
 // SHARED 2 with two tiles of each operand: step s's products read tile s % 2 while step s + 1's
 // registers are stored into the other and step s + 2's loads are issued, one barrier a step
-// (twice the workgroup memory).
+// (twice the workgroup memory). SHARED 4 and 5: SHARED 3 with xs / ws declared as vec4<u32> (a
+// chunk is one 16-byte store), the matrix loads given offsets and strides in f16 values (4) or in
+// vec4<u32> elements (5), whichever Dawn implements (kjarni/gpu/kernels.py, TC_TILES).
 // Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
 // residual written to workgroup memory; they are stored straight to y.
 // Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores

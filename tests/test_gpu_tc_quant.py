@@ -12,7 +12,6 @@ rounding bit for bit (every dequantized value d q, d sc q - dmin m, ... is exact
 from __future__ import annotations
 
 import re
-
 import types
 
 import gguf

@@ -89,7 +89,8 @@ def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt, 
     assert len(stores) == (8 if shared == 3 else 1) * (4 + 4) and len(loads) == 2 * (4 + 4)  # 4 + 4 chunks; KU x (TM + TN) matrices
     prefix = {3: "{t}s[(1u - cur) * B{mn} * LDS + ", 4: "{t}s[((1u - cur) * B{mn} * LDS + ", 5: "{t}s[((1u - cur) * B{mn} * LDS + "}[shared]
     assert all(line.startswith(prefix.format(t=line[0], mn="M" if line[0] == "x" else "N")) for line in stores)
-    assert all(line.endswith(") / 8u] = " + line.split(" = ")[1]) for line in stores) or shared == 3
+    if shared > 3:  # one 16-byte element a chunk, its index in f16 values / 8
+        assert all(") / 8u] = " in line for line in stores)
     pattern = r"\(&([xw])s, cur \* B[MN] \* LDS \+ .*, LDS\);" if shared < 5 else r"\(&([xw])s, \(cur \* B[MN] \* LDS \+ .*\) / 8u, LDS / 8u\);"
     assert all(re.search(pattern, line) for line in loads)
     assert [line.strip() for line in step].count("workgroupBarrier();") == 1 and step[-1].strip() == "workgroupBarrier();"
