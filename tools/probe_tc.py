@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kjarni.gpu import kernels  # noqa: E402
-from sweep_sgmat import EPS, shapes  # noqa: E402
+from sweep_sgmat import product, product_inputs, shapes  # noqa: E402
 
 PROBES = ("full", "copy", "noglobal", "nosync", "smem_mma", "mma")
 
@@ -143,7 +143,7 @@ def mma_peak(ctx, configs: str, iters: int, reps: int) -> None:
     src = ctx.upload(np.full(4096, 0.01, dtype=np.float16), "mma.src")  # 16 matrices of 256 halves
     for item in configs.split(","):
         na, nb, nsg = (int(v) for v in item.split("x"))
-        groups = 132 * 8
+        groups = 132 * 8  # 8 workgroups per multiprocessor of an H100 / H200
         entry: dict = {"probe": "mma_peak", "left": na, "right": nb, "subgroups": nsg, "iters": iters}
         try:
             decl = [f"    let a{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&src, {256 * i}u, 16u);" for i in range(na)]
@@ -217,7 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=("qwen2.5-0.5b", "qwen2.5-1.5b"))
     parser.add_argument("--shapes", default="gate_up", help="comma-separated subset of qkv,o_proj,gate_up,down")
-    parser.add_argument("--tc-tiles", default="4x4_2x2_k2_s", help="comma-separated TMxTN_SMxSN_kKU_{s,t,p} (SHARED 1, 2 or 3)")
+    parser.add_argument("--tc-tiles", default="4x4_2x2_k2_s", help="comma-separated TMxTN_SMxSN_kKU_{s,t,p,v,w} (SHARED 1 to 5)")
     parser.add_argument("--probes", default=",".join(PROBES))
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)
@@ -227,7 +227,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2048, help="--mma-peak: products per accumulator")
     args = parser.parse_args()
 
-    from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
+    from kjarni.gpu import WgpuContext, WgpuOps
     from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
 
     ctx = WgpuContext(runtime="dawn", dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES)
@@ -256,10 +256,7 @@ def main() -> None:
         if name not in args.shapes.split(","):
             continue
         w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16).astype(np.float32)
-        xin = rng.standard_normal((args.tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
-        nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
-        b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
-        r = rng.standard_normal((args.tokens, rows), dtype=np.float32) if "residual" in kind else None
+        xin, nw, b, r = product_inputs(rng, args.tokens, rows, cols, kind)
         for label in args.tc_tiles.split(","):
             tile = tiles.get(label)
             if tile is None or kernels.tc_workgroup_bytes(*tile) > ctx.max_workgroup_storage:
@@ -273,22 +270,7 @@ def main() -> None:
                     ops = WgpuOps(ctx, weight_format="f16")
                     ops.tuning.sgmat_tiles = {}
                     ops.tuning.tc_tiles = {(rows, cols): tile}
-                    weight = ops.weight(w, name=f"{name}.weight")
-                    nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
-                    bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
-                    x = GpuTensor(ctx.scratch(xin.nbytes), xin.shape)
-                    ctx.queue.write_buffer(x.buffer, 0, xin)
-                    rt = None
-                    if r is not None:
-                        rt = GpuTensor(ctx.scratch(r.nbytes), r.shape)
-                        ctx.queue.write_buffer(rt.buffer, 0, r)
-
-                    def run():
-                        xx = ops.silu_mul(x) if "silu" in kind else x
-                        if nwt is not None:
-                            return ops.norm_linear(xx, nwt, EPS, weight, bt)
-                        return ops.linear(xx, weight, bt, rt)
-
+                    run = product(ops, w, name, kind, xin, nw, b, r)
                     ops.read(run())
                     start = time.perf_counter()
                     while warm and time.perf_counter() - start < args.warm_ms / 1e3:  # clocks up before the first timing

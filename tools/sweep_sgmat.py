@@ -54,6 +54,41 @@ def reference(x: np.ndarray, w16: np.ndarray, kind: str, nw, b, r) -> np.ndarray
     return y
 
 
+def product_inputs(rng: np.random.Generator, tokens: int, rows: int, cols: int, kind: str):
+    """Random inputs of one prefill product of ``shapes``: the activations ([gate | up] where it
+    applies silu_mul), and its norm weight, bias and residual where ``kind`` has them (else None)."""
+    xin = rng.standard_normal((tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
+    b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
+    r = rng.standard_normal((tokens, rows), dtype=np.float32) if "residual" in kind else None
+    return xin, nw, b, r
+
+
+def product(ops, wsrc, name: str, kind: str, xin: np.ndarray, nw, b, r):
+    """Uploads one prefill product's weight and inputs to ``ops``; returns a function recording the
+    product as the model does (silu_mul, the fused norm, bias, residual) and returning y."""
+    from kjarni.gpu import GpuTensor
+
+    def upload(a: np.ndarray) -> GpuTensor:
+        t = GpuTensor(ops.context.scratch(a.nbytes), a.shape)
+        ops.context.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, dtype=np.float32))
+        return t
+
+    weight = ops.weight(wsrc, name=f"{name}.weight")
+    nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
+    bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
+    x = upload(xin)
+    rt = upload(r) if r is not None else None
+
+    def run():
+        xx = ops.silu_mul(x) if "silu" in kind else x
+        if nwt is not None:
+            return ops.norm_linear(xx, nwt, EPS, weight, bt)
+        return ops.linear(xx, weight, bt, rt)
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS))
@@ -69,7 +104,7 @@ def main() -> None:
     parser.add_argument("--format", default="f16", help="weights: f16, or a GGUF type (q8_0, q4_k, q5_0, ..)")
     args = parser.parse_args()
 
-    from kjarni.gpu import GpuTensor, WgpuContext, WgpuOps
+    from kjarni.gpu import WgpuContext, WgpuOps
     from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES
 
     dawn = args.runtime == "dawn"
@@ -97,11 +132,6 @@ def main() -> None:
     rng = np.random.default_rng(0)
     tokens = args.tokens
 
-    def upload(a: np.ndarray) -> GpuTensor:
-        t = GpuTensor(ctx.scratch(a.nbytes), a.shape)
-        ctx.queue.write_buffer(t.buffer, 0, np.ascontiguousarray(a, dtype=np.float32))
-        return t
-
     best: dict[str, dict] = {}
     for name, (rows, cols, kind) in shapes(args.model).items():
         if args.shapes and name not in args.shapes.split(","):
@@ -118,10 +148,7 @@ def main() -> None:
             fmt = kernels_format = "f16"
             w16 = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
             wsrc = w16.astype(np.float32)
-        xin = rng.standard_normal((tokens, 2 * cols if "silu" in kind else cols), dtype=np.float32)
-        nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32) if "norm" in kind else None
-        b = (0.1 * rng.standard_normal(rows)).astype(np.float32) if "bias" in kind else None
-        r = rng.standard_normal((tokens, rows), dtype=np.float32) if "residual" in kind else None
+        xin, nw, b, r = product_inputs(rng, tokens, rows, cols, kind)
         ref = reference(xin, w16, kind, nw, b, r)
         scale = float(np.abs(ref).max())
         splits_list = [None if v == "auto" else int(v) for v in args.splits.split(",")]
@@ -141,18 +168,7 @@ def main() -> None:
                 ops.tuning.tc_tiles = {(rows, cols): tile}
                 ops.tuning.tc_quant_tiles = {(fmt, rows, cols): tile}
             try:
-                weight = ops.weight(wsrc, name=f"{name}.weight")
-                nwt = ops.weight(nw, name="norm.weight") if nw is not None else None
-                bt = ops.weight(b, name=f"{name}.bias") if b is not None else None
-                x = upload(xin)
-                rt = upload(r) if r is not None else None
-
-                def run():
-                    xx = ops.silu_mul(x) if "silu" in kind else x
-                    if nwt is not None:
-                        return ops.norm_linear(xx, nwt, EPS, weight, bt)
-                    return ops.linear(xx, weight, bt, rt)
-
+                run = product(ops, wsrc, name, kind, xin, nw, b, r)
                 y = ops.read(run())
                 err = float(np.abs(y - ref).max()) / scale
                 run()  # warm

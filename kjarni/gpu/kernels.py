@@ -241,7 +241,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
     double = shared >= 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
     # SHARED 4 and 5: tiles of vec4<u32> (8 f16 values an element); the matrix loads take their
     # offset and stride in f16 values (4, the WGSL extension's reading) or in elements (5).
-    packed, unit = shared >= 4, (8 if shared == 5 else 1)
+    packed = shared >= 4
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -342,7 +342,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
             step = ["        let cur = (k0 - k_begin) / BK % 2u;", "        if (k0 + BK < k_end) {"]
             step += ["    " + line for line in stores("(1u - cur) * BM * LDS + ", "(1u - cur) * BN * LDS + ")]
             step += ["            if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "                ") + ["            }", "        }"]
-            if unit == 1:
+            if shared != 5:
                 step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
                                  "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
             else:  # offsets and strides in vec4<u32> elements: every one a multiple of 8 f16 values
