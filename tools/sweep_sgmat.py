@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tiles", default="", help="matmul_sgmat: comma-separated BMxBNxBK_SMxSN (default: all; none: no tile)")
-    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t} (SHARED 0, 1, 2; default: all; none: no tile)")
+    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,v,w} (SHARED 0-5; default: all; none: no tile)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
