@@ -52,7 +52,7 @@ _GLOBAL = re.compile(r"^\s*p[abxw]\d+ = ")  # the prefetches from storage (PRE a
 _STORE = re.compile(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)")
 _LOOP_BARRIER = re.compile(r"^ {8}workgroupBarrier\(\);$")  # the K loop's (bias_tile's are deeper)
 _MMA = re.compile(r"^\s*acc(\d+)_(\d+) = subgroupMatrixMultiplyAccumulate")
-_OPERAND = re.compile(r"^(\s*)let ([ab]\d+) = (subgroupMatrixLoad<.*\(&[xw]s, .*?) \+ (\d+)u, LDS\);$")
+_OPERAND = re.compile(r"^\s*let ([ab]\d+) = (subgroupMatrixLoad<.*\(&[xw]s, .*\));$")
 
 
 def probe_source(source: str, probe: str) -> str:
@@ -74,9 +74,8 @@ def probe_source(source: str, probe: str) -> str:
             continue
         if probe == "mma":
             m = _OPERAND.match(line)
-            if m:  # the first K step's operand, loaded once before the loop
-                operand = m.group(3).replace("cur * ", "0u * ")  # SHARED 3: the first tile
-                hoisted.setdefault(m.group(2), f"    let {m.group(2)} = {operand} + 0u, LDS);")
+            if m:  # the first K step's operand (the first tile of SHARED 3-5), loaded once before the loop
+                hoisted.setdefault(m.group(1), f"    let {m.group(1)} = {m.group(2).replace('cur * ', '0u * ')};")
                 continue
         out.append(line)
     if probe == "mma":
