@@ -5,6 +5,7 @@ first kernel, matmul_sgmat.tmpl.wgsl) against NumpyOps with the same f16 roundin
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -111,6 +112,51 @@ def _ran_all(weight, tokens) -> list[str]:
 
 TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1),
             (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2), (2, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (2, 4, 4, 2, 2, 3)]
+
+
+@pytest.mark.parametrize("shared", [1, 3, 4, 5])
+def test_probe_tc_probes_leave_out_what_they_name_and_compile_with_tint(shared):
+    """tools/probe_tc.py's text edits of a rendered tile: each probe deletes its part of the K loop
+    (global loads, barriers, workgroup stores, operand loads) and nothing else it names, and every
+    probe source still compiles under Tint (Dawn's Null device, where wgpudawn is installed)."""
+    import sys
+    from pathlib import Path
+
+    from kjarni.gpu import kernels
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import probe_tc
+
+    source = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, shared, 32))
+    got = {p: probe_tc.probe_source(source, p) for p in probe_tc.PROBES}
+    assert got["full"] == source
+    assert len(re.findall(r"subgroupMatrixMultiplyAccumulate", got["copy"])) == 2  # KU = 2 steps, acc0_0 only
+    assert len(re.findall(r"subgroupMatrixMultiplyAccumulate", got["mma"])) == 32
+    for p in ("noglobal", "nosync", "smem_mma", "mma"):
+        assert not re.search(r"^\s*p[abxw]\d+ = ", got[p], re.M), p
+    assert "        workgroupBarrier();" in got["noglobal"].splitlines()
+    for p in ("nosync", "smem_mma", "mma"):
+        assert "        workgroupBarrier();" not in got[p].splitlines(), p
+    assert re.search(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)", got["nosync"], re.M)
+    for p in ("smem_mma", "mma"):
+        assert not re.search(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)", got[p], re.M), p
+    loop = "for (var k0 = k_begin;"  # the K loop, and what follows it: no more operand loads
+    assert "subgroupMatrixLoad<subgroup_matrix_left" in got["smem_mma"].split(loop, 1)[1]
+    assert "subgroupMatrixLoad<subgroup_matrix_left" not in got["mma"].split(loop, 1)[1]
+    assert got["mma"].count("subgroupMatrixLoad<subgroup_matrix_left") == 4  # TM operands, loaded once
+    if importlib.util.find_spec("wgpudawn") is None:
+        return  # the text checks above hold; Tint is not installed here
+    from tint_check import null_device
+
+    from kjarni.gpu.runtime import load_runtime
+
+    try:
+        device = null_device()
+    except Exception as exc:  # noqa: BLE001 - the text checks above still ran
+        pytest.skip(f"no Dawn Null device here: {exc}")
+    dawn = load_runtime("dawn")
+    for p, text in got.items():
+        device.create_shader_module(code=dawn.prepare_shader(text, frozenset({"subgroup"})), label=p)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
