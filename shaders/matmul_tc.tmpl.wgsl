@@ -14,7 +14,7 @@
 // tokens - 16 (overlapping their neighbours, which write the same values), so no load or store
 // leaves its buffer and none needs a bounds check, and each is aligned to 16 elements.
 // Tile: a workgroup of SM x SN subgroups; subgroup (sm, sn) owns TM x TN result matrices (tokens
-// from (wid.y SM + sm) TM 16, rows from (wid.x SN + sn) TN 16). K runs BK = 16 KU columns a step.
+// from (wy SM + sm) TM 16, rows from (wx SN + sn) TN 16). K runs BK = 16 KU columns a step.
 // SHARED 0: each subgroup loads its TM left and TN right matrices straight from storage (L1/L2
 // serve the neighbours' reuse). SHARED 1: the workgroup's BM x BK and BN x BK operand tiles are
 // copied to workgroup memory by matrix loads and stores spread over the subgroups (prefetched one
@@ -23,15 +23,16 @@
 // stored to workgroup memory as 8 f16 values), as quantized weight tiles always are. SHARED 3:
 // SHARED 2 with two tiles of each operand: step s's products read tile s % 2 while step s + 1's
 // registers are stored into the other and step s + 2's loads are issued, one barrier a step
-// (twice the workgroup memory). SHARED 4 and 5: SHARED 3 with xs / ws declared as vec4<u32> (a
-// chunk is one 16-byte store), the matrix loads given offsets and strides in f16 values (4) or in
-// vec4<u32> elements (5), whichever Dawn implements (kjarni/gpu/kernels.py, TC_TILES).
+// (twice the workgroup memory). SHARED 5: SHARED 3 with xs / ws declared as vec4<u32> (a chunk is
+// one 16-byte store), the matrix loads given offsets and strides in vec4<u32> elements, as Dawn
+// reads them (kjarni/gpu/kernels.py, TC_TILES).
 // Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
 // residual written to workgroup memory; they are stored straight to y.
 // Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores
 // its partial sums without bias or residual (the host clears those flags) to rows z tokens + t of
 // a [S, tokens, y_stride] scratch, summed by matmul_reduce.wgsl.
-// Grid: (ceil(rows / BN), ceil(tokens / BM), S); SM SN SG threads. Fields: TM, TN, SM, SN, KU,
+// Grid: (ceil(rows / BN), ceil(tokens / BM), S), or with the flag tokens_first (ceil(tokens / BM),
+// ceil(rows / BN), S); SM SN SG threads. Fields: TM, TN, SM, SN, KU,
 // SG, X (the activations' binding) and the per-matrix code written out by kernels.tc_fields (DECL,
 // INIT, PRE, STEP, STORE): no private arrays indexed in loops. Chunk copies (quantized weights,
 // SHARED 2): thread i of the workgroup (sg SG + lane) copies chunks i, i + WG, .. of the tile (row
@@ -105,6 +106,16 @@ fn main(
     let ys = params.y_stride;
     let sm = sg / SN;
     let sn = sg % SN;
+    // The workgroup's row tile (wx) and token tile (wy). tokens_first: the grid is (token tiles,
+    // row tiles), so the workgroups that share a weight tile run next to each other and its second
+    // and later reads come from L2.
+// #if tokens_first
+    let wx = wid.y;
+    let wy = wid.x;
+// #else
+    let wx = wid.x;
+    let wy = wid.y;
+// #endif
     let steps = cols / BK;
     let per = (steps + nwg.z - 1u) / nwg.z;
     let k_begin = min(steps, wid.z * per) * BK;

@@ -83,7 +83,7 @@ def test_quantized_tensor_cores_only_where_they_apply(case):
 def test_quantized_variants_exist_only_for_shared_tiles_and_render():
     names = [n for n in kernels.TEMPLATES["matmul_tc"] if "." in n]
     assert {n.split(".")[1] for n in names} == set(kernels.TC_QUANT_FORMATS)
-    assert all(re.search(r"_[spvw]_sg", n) for n in names)  # SHARED 1, 3-5: the weight tile in workgroup memory
+    assert all(re.search(r"_[spw]_sg", n) for n in names)  # SHARED 1, 3, 5: the weight tile in workgroup memory
     for fmt in kernels.TC_QUANT_FORMATS:
         text = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, 1, 32, fmt))
         assert "fn fetch_w8" in text and "var<storage, read> w_a: array<f16>" not in text

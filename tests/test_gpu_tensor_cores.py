@@ -32,25 +32,25 @@ def tc_ops(wgpu_context):
 
 def _eval_wgsl(expr: str, env: dict) -> int:
     """An integer WGSL expression of tc_fields' declarations (u32 literals, / % * + and calls) in Python."""
-    py = re.sub(r"(\d+)u\b", r"\1", expr).replace("wid.y", "wid_y").replace("wid.x", "wid_x").replace("/", "//")
+    py = re.sub(r"(\d+)u\b", r"\1", expr).replace("/", "//")
     return eval(py, {}, env)  # noqa: S307 - the expression comes from kernels.tc_fields
 
 
 @pytest.mark.parametrize("variant", sorted(n for n in __import__("kjarni.gpu.kernels", fromlist=["TEMPLATES"]).TEMPLATES["matmul_tc"]
-                                            if "_t_" in n or (re.search(r"_[pvw]_", n) and "." not in n)))
+                                            if "_t_" in n or (re.search(r"_[pw]_", n) and "." not in n)))
 def test_thread_copied_tiles_copy_each_operand_value_once_from_its_place(variant):
-    """SHARED 2 to 5 tiles (no GPU needed): evaluating the generated chunk indices for every thread,
+    """SHARED 2, 3 and 5 tiles (no GPU needed): evaluating the generated chunk indices for every thread,
     each x and weight tile slot of a K step is written exactly once, from the token / row and columns
     the matrix loads of the subgroups then read it as (clamped into the product like tok() and row())."""
     from kjarni.gpu import kernels
 
-    tm, tn, sm, sn, ku, kind, sg = re.match(r"(\d+)x(\d+)_(\d+)x(\d+)_k(\d+)_([tpvw])_sg(\d+)$", variant).groups()
+    tm, tn, sm, sn, ku, kind, sg = re.match(r"(\d+)x(\d+)_(\d+)x(\d+)_k(\d+)_([tpw])_sg(\d+)$", variant).groups()
     tm, tn, sm, sn, ku, sg = (int(v) for v in (tm, tn, sm, sn, ku, sg))
     fields = kernels.tc_fields(tm, tn, sm, sn, ku, "dstpvw".index(kind), sg)
     decls = dict(re.findall(r"let ([xw][crd]\d+) = (.+);", fields["DECL"]))
     nsg, bk, lds = sm * sn, 16 * ku, 16 * ku + 8
     bm, bn, tokens, rows, cols = sm * tm * 16, sn * tn * 16, 200, 400, 4 * bk
-    base = {"WG": nsg * sg, "SG": sg, "BK": bk, "LDS": lds, "wid_x": 1, "wid_y": 1,
+    base = {"WG": nsg * sg, "SG": sg, "BK": bk, "LDS": lds, "wx": 1, "wy": 1,
             "tok": lambda wy, s, i: min((wy * sm + s) * tm * 16 + i * 16, tokens - 16),
             "row": lambda wx, s, j: min((wx * sn + s) * tn * 16 + j * 16, rows - 16)}
     for side, tile_rows, place in (("x", bm, base["tok"]), ("w", bn, base["row"])):
@@ -74,13 +74,13 @@ def test_thread_copied_tiles_copy_each_operand_value_once_from_its_place(variant
     assert cols % bk == 0
 
 
-@pytest.mark.parametrize("shared", [3, 4, 5])
+@pytest.mark.parametrize("shared", [3, 5])
 @pytest.mark.parametrize("fmt", ["f16", "Q8_0", "Q4_K"])
 def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt, shared):
-    """SHARED 3 to 5 (no GPU needed): before the loop, step 0 goes to tile 0 and a barrier follows;
+    """SHARED 3 and 5 (no GPU needed): before the loop, step 0 goes to tile 0 and a barrier follows;
     in the loop every workgroup store goes to the tile the products do not read (1 - cur), every
-    operand load reads tile cur, and one barrier ends the step. SHARED 4 and 5 store a chunk as one
-    vec4<u32> and give the loads f16 offsets (4) or vec4<u32> ones (5)."""
+    operand load reads tile cur, and one barrier ends the step. SHARED 5 stores a chunk as one
+    vec4<u32> and gives the loads offsets and strides in vec4<u32> elements."""
     from kjarni.gpu import kernels
 
     fields = kernels.tc_fields(4, 4, 2, 2, 2, shared, 32, fmt)
@@ -88,7 +88,7 @@ def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt, 
     stores = [line.strip() for line in step if re.match(r"\s*[xw]s\[", line)]
     loads = [line for line in step if "subgroupMatrixLoad" in line]
     assert len(stores) == (8 if shared == 3 else 1) * (4 + 4) and len(loads) == 2 * (4 + 4)  # 4 + 4 chunks; KU x (TM + TN) matrices
-    prefix = {3: "{t}s[(1u - cur) * B{mn} * LDS + ", 4: "{t}s[((1u - cur) * B{mn} * LDS + ", 5: "{t}s[((1u - cur) * B{mn} * LDS + "}[shared]
+    prefix = {3: "{t}s[(1u - cur) * B{mn} * LDS + ", 5: "{t}s[((1u - cur) * B{mn} * LDS + "}[shared]
     assert all(line.startswith(prefix.format(t=line[0], mn="M" if line[0] == "x" else "N")) for line in stores)
     if shared > 3:  # one 16-byte element a chunk, its index in f16 values / 8
         assert all(") / 8u] = " in line for line in stores)
@@ -111,10 +111,11 @@ def _ran_all(weight, tokens) -> list[str]:
 
 
 TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1),
-            (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2), (2, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (2, 4, 4, 2, 2, 3)]
+            (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2), (2, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (2, 4, 4, 2, 2, 3),
+            (2, 2, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5)]
 
 
-@pytest.mark.parametrize("shared", [1, 3, 4, 5])
+@pytest.mark.parametrize("shared", [1, 3, 5])
 def test_probe_tc_probes_leave_out_what_they_name_and_compile_with_tint(shared):
     """tools/probe_tc.py's text edits of a rendered tile: each probe deletes its part of the K loop
     (global loads, barriers, workgroup stores, operand loads) and nothing else it names, and every
@@ -190,6 +191,57 @@ def test_tc_matmul_matches_numpy_with_f16_activations(tc_ops, tile, splits, toke
     # The norm's f32 scale differs in its last bits, which can flip an f16 rounding: one f16 ulp
     # of one activation (2^-11 relative) times a weight.
     np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("tile", [(4, 2, 2, 2, 2, 0), (2, 2, 2, 2, 2, 1), (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 5)])
+def test_tc_matmul_in_token_major_order_matches_numpy(tc_ops, tile, splits):
+    """GpuTuning.tc_tokens_first: the grid is (token tiles, row tiles) and every workgroup still
+    computes its own tile (the last ones clamped into the product), bias and residual applied."""
+    from kjarni.gpu import kernels
+
+    ops = tc_ops
+    sg = ops.context.f16_matrix_subgroup
+    if kernels.tc_variant(*tile, sg) not in kernels.TEMPLATES["matmul_tc"] or kernels.tc_workgroup_bytes(*tile) > ops.context.max_workgroup_storage:
+        pytest.skip("tile not made at this subgroup size, or beyond this device's workgroup memory")
+    tokens, rows, cols = 150, 272, 256  # several token and row tiles, neither a whole number of them
+    ops.tuning.tc_tiles = {(rows, cols): tile}
+    ops.tuning.tc_splits = splits
+    ops.tuning.tc_tokens_first = True
+    rng = np.random.default_rng(7)
+    x, w, b, r = rand(rng, tokens, cols), rand(rng, rows, cols), rand(rng, rows), rand(rng, tokens, rows)
+    w16 = f16_round(w)
+    gx, gw, gb, gr = upload(ops, x), ops.weight(w, name="w"), ops.weight(b, name="b"), upload(ops, r)
+    got = ops.read(ops.linear(gx, gw, gb, residual=gr))
+    assert _ran_all(gw, tokens)[1] == "matmul_tc." + kernels.tc_variant(*tile, sg) + "+tf:main"
+    want = ref16.linear(x, w16, b, r)
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+
+
+def test_token_major_order_swaps_the_grid_and_the_tile_indices():
+    """No GPU: with tc_tokens_first the kernel reads its row tile from wid.y and its token tile
+    from wid.x, and tc_kernel's grid is (token tiles, row tiles, 1)."""
+    import types
+
+    from kjarni.gpu import kernels
+    from kjarni.gpu.linear import Linear
+    from kjarni.gpu.tuning import GpuTuning
+
+    variant = kernels.tc_variant(4, 4, 2, 2, 2, 3, 32)
+    plain = kernels.template("matmul_tc", variant)
+    assert "let wx = wid.x;" in plain and "let wy = wid.y;" in plain and "let wx = wid.y;" not in plain
+    flipped = kernels.template("matmul_tc", variant, frozenset({"tokens_first"}))
+    assert "let wx = wid.y;" in flipped and "let wy = wid.x;" in flipped and "let wx = wid.x;" not in flipped
+    made = []
+    context = types.SimpleNamespace(f16_matrix_subgroup=32, uniform=lambda data: data,
+                                    pipeline=lambda name, kinds, **kw: made.append((name, kw["flags"], kw["source"]())) or name)
+    seg = types.SimpleNamespace(format="f16", rows=17920, row_offset=0)
+    for first, grid in ((False, (140, 4, 1)), (True, (4, 140, 1))):
+        linear = Linear(context, GpuTuning(tc_tokens_first=first))
+        name, _, got = linear.tc_kernel((4, 4, 2, 2, 2, 3), seg, 1536, 17920, 512, 0)
+        assert got == grid
+        assert name == "matmul_tc." + variant + ("+tf" if first else "")
+        assert ("let wx = wid.y;" in made[-1][2]) == first and made[-1][1] == (frozenset({"tokens_first"}) if first else frozenset())
 
 
 def test_tc_matmul_applies_a_pending_silu_mul_in_its_prep(tc_ops):

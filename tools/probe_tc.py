@@ -216,7 +216,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-1.5b", choices=("qwen2.5-0.5b", "qwen2.5-1.5b"))
     parser.add_argument("--shapes", default="gate_up", help="comma-separated subset of qkv,o_proj,gate_up,down")
-    parser.add_argument("--tc-tiles", default="4x4_2x2_k2_s", help="comma-separated TMxTN_SMxSN_kKU_{s,t,p,v,w} (SHARED 1 to 5)")
+    parser.add_argument("--tc-tiles", default="4x4_2x2_k2_s", help="comma-separated TMxTN_SMxSN_kKU_{s,t,p,w} (SHARED 1, 2, 3, 5)")
     parser.add_argument("--probes", default=",".join(PROBES))
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)

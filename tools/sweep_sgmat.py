@@ -95,13 +95,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tiles", default="", help="matmul_sgmat: comma-separated BMxBNxBK_SMxSN (default: all; none: no tile)")
-    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,v,w} (SHARED 0-5; default: all; none: no tile)")
+    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,w} (SHARED 0-3, 5; default: all; none: no tile)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")
     parser.add_argument("--out", help="write the per-shape choice (JSON) here, for bench_gpu.py --sgmat-choice")
     parser.add_argument("--robust", action="store_true", help="without Dawn's disable_robustness/disable_workgroup_init")
     parser.add_argument("--format", default="f16", help="weights: f16, or a GGUF type (q8_0, q4_k, q5_0, ..)")
+    parser.add_argument("--orders", default="rows", help="matmul_tc grid orders, comma-separated: rows (row tiles fastest) "
+                        "and/or tokens (GpuTuning.tc_tokens_first; labels end in +tf)")
     args = parser.parse_args()
 
     from kjarni.gpu import WgpuContext, WgpuOps
@@ -152,15 +154,17 @@ def main() -> None:
         ref = reference(xin, w16, kind, nw, b, r)
         scale = float(np.abs(ref).max())
         splits_list = [None if v == "auto" else int(v) for v in args.splits.split(",")]
-        variants = [("simt", None, None, None)]
-        variants += [("sgmat." + kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "sgmat", t, sp)
+        variants = [("simt", None, None, None, False)]
+        variants += [("sgmat." + kernels.sgmat_variant(*t, sg) + ("" if sp is None else f"_s{sp}"), "sgmat", t, sp, False)
                      for t in tiles for sp in splits_list]
-        variants += [("tc." + kernels.tc_variant(*t, sg, kernels_format) + ("" if sp is None else f"_s{sp}"), "tc", t, sp)
-                     for t in tc_tiles for sp in splits_list]
-        for label, family, tile, sp in variants:
+        variants += [("tc." + kernels.tc_variant(*t, sg, kernels_format) + ("" if sp is None else f"_s{sp}") + ("+tf" if o == "tokens" else ""),
+                      "tc", t, sp, o == "tokens")
+                     for t in tc_tiles for sp in splits_list for o in args.orders.split(",")]
+        for label, family, tile, sp, tokens_first in variants:
             ops = WgpuOps(ctx, weight_format="f16")
             ops.tuning.tensor_cores = ops.tuning.tc_quant = tile is not None
             ops.tuning.sgmat_splits = ops.tuning.tc_splits = sp
+            ops.tuning.tc_tokens_first = tokens_first
             if family == "sgmat":
                 ops.tuning.sgmat_tiles = {(rows, cols): tile}
             elif family == "tc":
@@ -195,7 +199,7 @@ def main() -> None:
             report["results"].append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
             if entry.get("ok") and family and entry["us"] < best.get(name, {}).get("us", 1e30):
-                best[name] = dict(entry, family=family, tile=list(tile), splits=sp)
+                best[name] = dict(entry, family=family, tile=list(tile), splits=sp, tokens_first=tokens_first)
     report["best"] = {k: [v["kernel"], v["us"], v["tflops"]] for k, v in best.items()}
     # Per shape, what WgpuOps should run (bench_gpu.py --sgmat-choice): the fastest correct tile and
     # split, or the SIMT kernel where it was faster.
@@ -210,7 +214,7 @@ def main() -> None:
             choice.append({"rows": rows, "cols": cols, "format": formats.get(name, "f16"), "family": None, "tile": None, "splits": None})
         else:
             choice.append({"rows": rows, "cols": cols, "format": formats.get(name, "f16"), "family": tc["family"], "tile": tc["tile"],
-                           "splits": tc["splits"]})
+                           "splits": tc["splits"], "tokens_first": tc["tokens_first"]})
     report["choice"] = choice
     if args.out:
         Path(args.out).write_text(json.dumps(choice))

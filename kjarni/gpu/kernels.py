@@ -155,17 +155,17 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (4, 2, 2, 4, 2, 2), (4, 4, 2, 2, 4, 2), (4, 4, 2, 4, 2, 2),
     (2, 2, 2, 2, 2, 3), (2, 4, 2, 2, 2, 3), (4, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 3),
     (2, 4, 4, 2, 2, 3),
-    (4, 4, 2, 2, 2, 4), (4, 2, 2, 4, 2, 4), (2, 4, 4, 2, 2, 4), (2, 2, 2, 2, 2, 4),
     (4, 4, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (2, 4, 4, 2, 2, 5), (2, 2, 2, 2, 2, 5),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
 subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
 through workgroup memory copied by matrix loads and stores, 2 through workgroup memory copied by
-the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step, 4
-and 5 as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f16 stores),
-the matrix loads' offset and stride given in f16 values (4) or in vec4<u32> elements (5): which
-of the two Dawn implements is measured by tools/probe_tc.py --layouts), each at subgroup sizes 32
-and 64 where the copies divide evenly."""
+the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one barrier a step, 5
+as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f16 stores), the
+matrix loads' offset and stride given in vec4<u32> elements, which is how Dawn reads them
+(tools/probe_tc.py --layouts on an H100, docs/benchmarks.md; SHARED 4, the same in f16 values,
+read the wrong data and is gone), each at subgroup sizes 32 and 64 where the copies divide
+evenly."""
 
 
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
@@ -176,7 +176,7 @@ format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmp
 def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
     """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
     ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0``, ``4x4_2x2_k2_t_sg32`` (SHARED 2) or
-    ``4x4_2x2_k2_p_sg32`` (SHARED 3; 4 and 5: ``_v``, ``_w``)."""
+    ``4x4_2x2_k2_p_sg32`` (SHARED 3; 5: ``_w``; 4, ``_v``, is no longer made)."""
     name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{'dstpvw'[shared]}_sg{sg}"
     return name if fmt == "f16" else f"{name}.{fmt}"
 
@@ -217,8 +217,8 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
     per-chunk dequantizing copies of the weight tile."""
     nsg = sm * sn
     ij = [(i, j) for i in range(tm) for j in range(tn)]
-    decl = [f"    let t{i} = tok(wid.y, sm, {i}u);" for i in range(tm)]
-    decl += [f"    let r{j} = row(wid.x, sn, {j}u);" for j in range(tn)]
+    decl = [f"    let t{i} = tok(wy, sm, {i}u);" for i in range(tm)]
+    decl += [f"    let r{j} = row(wx, sn, {j}u);" for j in range(tn)]
     decl += [f"    var acc{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i, j in ij]
     init = ["    if (has_bias) {"] + [f"        acc{i}_{j} = bias_tile(sg, lane, t{i}, r{j});" for i, j in ij]
     init += ["    } else if (has_residual) {"]
@@ -238,10 +238,13 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
     xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared >= 2
              else "@group(0) @binding(1) var<storage, read> x: array<f16>;")
+    if shared == 4:
+        raise ValueError("matmul_tc: SHARED 4 (vec4<u32> tiles read with offsets in f16 values) loads the wrong "
+                         "values on Dawn, which reads them in array elements: use SHARED 5")
     double = shared >= 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
-    # SHARED 4 and 5: tiles of vec4<u32> (8 f16 values an element); the matrix loads take their
-    # offset and stride in f16 values (4, the WGSL extension's reading) or in elements (5).
-    packed = shared >= 4
+    # SHARED 5: tiles of vec4<u32> (8 f16 values an element); the matrix loads take their offset
+    # and stride in those elements, as Dawn's Vulkan backend reads them (measured: probe_tc --layouts).
+    packed = shared == 5
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -270,12 +273,12 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         na, nb = (sm * tm * ku // nsg, sn * tn * ku // nsg) if shared == 1 else (0, 0)
         for n in range(na):
             q = f"({n * nsg}u + sg)"
-            decl += [f"    let qa{n}_src = tok(wid.y, 0u, {q} / KU) * cols + {q} % KU * 16u;",
+            decl += [f"    let qa{n}_src = tok(wy, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qa{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pa{n}: {left};"]
         for n in range(nb if not quant else 0):
             q = f"({n * nsg}u + sg)"
-            decl += [f"    let qb{n}_src = row(wid.x, 0u, {q} / KU) * cols + {q} % KU * 16u;",
+            decl += [f"    let qb{n}_src = row(wx, 0u, {q} / KU) * cols + {q} % KU * 16u;",
                      f"    let qb{n}_dst = {q} / KU * 16u * LDS + {q} % KU * 16u;",
                      f"    var pb{n}: {right};"]
         # SHARED 2: thread i of the workgroup copies 8-value chunks i, i + WG, .. of each tile (tile
@@ -284,14 +287,14 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         for n in range(nx):
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let xc{n} = {i} % (BK / 8u);",
-                     f"    let xr{n} = tok(wid.y, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
+                     f"    let xr{n} = tok(wy, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
                      f"    let xd{n} = {i} / (BK / 8u) * LDS + 8u * xc{n};",
                      f"    var px{n}: vec4<u32>;"]
         nc = int(tc_quant_chunks(tn, sm, sn, ku, sg)) if quant or shared >= 2 else 0
         for n in range(nc):  # chunk i = n WG + thread: tile row i / (BK / 8), columns 8 (i % (BK / 8)) ..
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let wc{n} = {i} % (BK / 8u);",
-                     f"    let wr{n} = row(wid.x, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
+                     f"    let wr{n} = row(wx, 0u, {i} / (BK / 8u) / 16u) + {i} / (BK / 8u) % 16u;",
                      f"    let wd{n} = {i} / (BK / 8u) * LDS + 8u * wc{n};",
                      f"    var pw{n}: {'WRaw' if quant else 'vec4<u32>'};"]
 
@@ -342,7 +345,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
             step = ["        let cur = (k0 - k_begin) / BK % 2u;", "        if (k0 + BK < k_end) {"]
             step += ["    " + line for line in stores("(1u - cur) * BM * LDS + ", "(1u - cur) * BN * LDS + ")]
             step += ["            if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "                ") + ["            }", "        }"]
-            if shared != 5:
+            if not packed:
                 step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
                                  "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
             else:  # offsets and strides in vec4<u32> elements: every one a multiple of 8 f16 values

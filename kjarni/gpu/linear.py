@@ -460,13 +460,17 @@ class Linear:
         ctx = self.context
         tm, tn, sm, sn = tile[:4]
         variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup, seg.format)
+        tokens_first = self.tuning.tc_tokens_first
+        order = frozenset({"tokens_first"}) if tokens_first else frozenset()
 
         def source() -> str:
-            return kernels.template("matmul_tc", variant)
+            return kernels.template("matmul_tc", variant, order)
 
-        pipeline = ctx.pipeline("matmul_tc." + variant, LINEAR_KINDS, source=source)
+        name = "matmul_tc." + variant + ("+tf" if tokens_first else "")
+        pipeline = ctx.pipeline(name, LINEAR_KINDS, source=source, flags=order)
         params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=0.0))
-        return pipeline, params, (-(-seg.rows // (16 * sn * tn)), -(-tokens // (16 * sm * tm)), 1)
+        grid = (-(-seg.rows // (16 * sn * tn)), -(-tokens // (16 * sm * tm)))
+        return pipeline, params, ((grid[1], grid[0], 1) if tokens_first else (*grid, 1))
 
     def tc_splits(self, tile: tuple[int, ...], rows: int, tokens: int, cols: int, y_stride: int) -> int:
         """Workgroups splitting K for matmul_tc (grid z, then matmul_reduce): ``tc_splits`` if set,

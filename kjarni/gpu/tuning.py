@@ -26,17 +26,18 @@ H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] 
 }
 
 
-# (segment rows, cols) -> tile: the H200 tensor-core sweep's fastest kernel per Qwen2.5-0.5B prefill
-# product at 512 tokens on Dawn (tools/sweep_sgmat.py --tiles 64x128x32_2x4, docs/benchmarks.md,
-# sixth session, the coordinator's final call): matmul_tc (TM, TN, SM, SN, KU, SHARED) for qkv and
-# gate_up, the first kernel matmul_sgmat (BM, BN, BK, SM, SN) for o_proj and down_proj.
-# Qwen2.5-1.5B's: the seventh session's sweep (tools/sweep_sgmat.py --model qwen2.5-1.5b, 9 tiles).
+# (segment rows, cols) -> tile: the tensor-core sweep's fastest kernel per Qwen2.5 prefill product at
+# 512 tokens on Dawn (tools/sweep_sgmat.py --tiles 64x128x32_2x4 --tc-tiles 12 tiles of SHARED 1-5,
+# fifteenth session, on an H100: docs/benchmarks.md): matmul_tc (TM, TN, SM, SN, KU, SHARED); the
+# first kernel matmul_sgmat (BM, BN, BK, SM, SN) where it won (H200_SGMAT_TILES).
 H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = {
-    (1152, 896): (4, 4, 1, 1, 1, 0),  # 0.5B qkv
-    (9728, 896): (4, 4, 2, 2, 2, 1),  # 0.5B gate_up (fused norm)
-    (2048, 1536): (4, 4, 1, 1, 1, 0),  # 1.5B qkv
-    (17920, 1536): (4, 4, 2, 2, 2, 1),  # 1.5B gate_up
-    (1536, 8960): (4, 4, 2, 2, 2, 1),  # 1.5B down_proj
+    (1152, 896): (4, 4, 2, 2, 4, 2),  # 0.5B qkv: 47.8 us (the first kernel 64.2)
+    (9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up (fused norm): 100.1 us (SHARED 1's 4x4_2x2 190.7)
+    (896, 4864): (4, 4, 2, 2, 2, 3),  # 0.5B down_proj: 90.7 us (the first kernel 114.2)
+    (2048, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B qkv: 69.7 us
+    (1536, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B o_proj: 65.0 us (the first kernel 75.8)
+    (17920, 1536): (4, 4, 2, 2, 2, 1),  # 1.5B gate_up: 487.8 us (SHARED 3 and 5 tiles 990-1090)
+    (1536, 8960): (4, 2, 2, 4, 2, 5),  # 1.5B down_proj: 638.0 us (SHARED 1's 4x4_2x2 1,333.9)
 }
 # (GGUF format, segment rows, cols) -> matmul_tc SHARED tile for quantized prefill weights (tc_quant):
 # the H200 sweep's fastest per Qwen2.5-0.5B product at 512 tokens on Dawn (tools/sweep_sgmat.py
@@ -52,9 +53,7 @@ H200_TC_QUANT_TILES: dict[tuple[str, int, int], tuple[int, int, int, int, int, i
     ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 1),  # 0.5B down_proj
 }
 H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
-    (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj
-    (896, 4864): (64, 128, 32, 2, 4),  # 0.5B down_proj
-    (1536, 1536): (64, 128, 32, 2, 4),  # 1.5B o_proj
+    (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj: 36.2 us (matmul_tc's best 43.7)
 }
 
 
@@ -176,6 +175,9 @@ class GpuTuning:
     tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_TC_QUANT_TILES))
     """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
+    tc_tokens_first: bool = False
+    """matmul_tc's grid order: token tiles fastest (the workgroups sharing a weight tile run side by
+    side, its later reads served by L2) instead of row tiles fastest (sharing an activation tile)."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
     tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
