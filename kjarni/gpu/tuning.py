@@ -155,7 +155,8 @@ class GpuTuning:
     matmul_tc.tmpl.wgsl, or matmul_sgmat.tmpl.wgsl for the shapes of ``sgmat_tiles``. The
     activations are rounded to f16 for those products (``NumpyOps(activations="f16")`` is their
     reference). H200, Qwen2.5-0.5B f16, 512 tokens on Dawn: 46,740 prefill tok/s against 25,277
-    with SIMT kernels (docs/benchmarks.md, sixth session). False: SIMT kernels in float32."""
+    with SIMT kernels (docs/benchmarks.md, sixth session); H100 with the fifteenth session's tiles:
+    65,402 against 47,642 at the previous ones. False: SIMT kernels in float32."""
     tc_tile: tuple[int, int, int, int, int, int] | None = (4, 2, 2, 2, 2, 0)
     """matmul_tc.tmpl.wgsl's tile (TM, TN, SM, SN, KU, SHARED) of kernels.TC_TILES for shapes not in
     ``tc_tiles`` (not measured: 2 x 2 subgroups of 4 x 2 matrices, operands from storage)."""
