@@ -32,9 +32,9 @@ ref32 = NumpyOps()
 TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1), (4, 4, 2, 2, 2, 3), (2, 2, 2, 2, 2, 3)]
 
 
-def _stub_linear(sg: int | None = 32, tuning: GpuTuning | None = None) -> Linear:
+def _stub_linear(sg: int | None = 32, tuning: GpuTuning | None = None, backend: str = "Vulkan") -> Linear:
     """A Linear over a context that has only what tc_tile reads (no device)."""
-    context = types.SimpleNamespace(f16_matrix_subgroup=sg, max_workgroup_storage=48 << 10)
+    context = types.SimpleNamespace(f16_matrix_subgroup=sg, max_workgroup_storage=48 << 10, info={"backend_type": backend})
     return Linear(context, tuning or GpuTuning())
 
 
@@ -54,6 +54,16 @@ def test_quantized_prefill_products_pick_the_quantized_tensor_core_tile(fmt):
     tuning.sgmat_tiles = {(1152, 1536): (64, 128, 32, 2, 4)}
     assert linear.tc_tile(_seg(fmt, 1152), 512, 1536, 1152) == (2, 2, 2, 2, 2, 1)
     assert linear.tc_tile(_seg("f16", 1152), 512, 1536, 1152) is None
+
+
+@pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
+def test_vec4_tiles_only_on_vulkan_where_their_load_units_were_measured(fmt):
+    """SHARED 5 tiles read offsets in vec4<u32> elements, as Dawn's Vulkan backend does; on any other
+    backend the same tile runs with f16 workgroup tiles (SHARED 3), whose offsets are f16 values."""
+    tuning = GpuTuning(tc_quant=True, tc_tiles={(1152, 1536): (4, 2, 2, 4, 2, 5)},
+                       tc_quant_tiles={("Q8_0", 1152, 1536): (4, 2, 2, 4, 2, 5)})
+    for backend, shared in (("Vulkan", 5), ("Metal", 3), ("D3D12", 3)):
+        assert _stub_linear(tuning=tuning, backend=backend).tc_tile(_seg(fmt, 1152), 512, 1536, 1152) == (4, 2, 2, 4, 2, shared)
 
 
 @pytest.mark.parametrize("case", ["few tokens", "rows", "offset", "no matrices", "off", "tensor cores off", "direct tile", "cols"])
