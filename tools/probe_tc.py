@@ -74,7 +74,7 @@ def probe_source(source: str, probe: str) -> str:
             continue
         if probe == "mma":
             m = _OPERAND.match(line)
-            if m:  # the first K step's operand (the first tile of SHARED 3-5), loaded once before the loop
+            if m:  # the first K step's operand (the first tile of SHARED 3 and 5), loaded once before the loop
                 hoisted.setdefault(m.group(1), f"    let {m.group(1)} = {m.group(2).replace('cur * ', '0u * ')};")
                 continue
         out.append(line)

@@ -449,7 +449,7 @@ class Linear:
             tile = tuning.tc_quant_tiles.get((fmt, seg.rows, cols), tuning.tc_quant_tile)
         else:
             tile = tuning.tc_tiles.get((seg.rows, cols), tuning.tc_tile)
-        if tile is not None and tile[5] == 5 and getattr(self.context, "info", {}).get("backend_type") != "Vulkan":
+        if tile is not None and tile[5] == 5 and self.context.info.get("backend_type") != "Vulkan":
             # SHARED 5's matrix loads count offsets in vec4<u32> elements, as Dawn's Vulkan backend
             # reads them (measured); elsewhere the same tile with f16 workgroup tiles (SHARED 3).
             tile = (*tile[:5], 3)
