@@ -40,6 +40,31 @@ def gpu_ops(wgpu_context):
     return WgpuOps(wgpu_context, weight_format="f32")
 
 
+@pytest.fixture(scope="session")
+def tint_compile():
+    """A function compiling WGSL as Dawn gets it (``Runtime.prepare_shader`` for ``dawn``, with the
+    ``subgroup`` flag) on Dawn's Null device, where Tint validates it with no GPU; raises on a
+    refused source. Skips with the reason where wgpudawn or its Null backend is missing."""
+    pytest.importorskip("wgpudawn")
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from tint_check import null_device
+
+    from kjarni.gpu.runtime import load_runtime
+
+    try:
+        device = null_device()
+    except Exception as exc:  # noqa: BLE001 - reported as the skip reason
+        pytest.skip(f"no Dawn Null device here: {exc}")
+    dawn = load_runtime("dawn")
+
+    def compile_(code: str, label: str) -> None:
+        device.create_shader_module(code=dawn.prepare_shader(code, frozenset({"subgroup"})), label=label)
+
+    return compile_
+
+
 # ---------------------------------------------------------------- real models only in slow tests
 # A test that opens a file of the real model cache (the GGUFs tests/real_models.py fetches, and
 # anything else kept there) or runs pip to download a model must be marked `slow`, so that

@@ -195,8 +195,8 @@ def tc_x_chunks(tm: int, sm: int, sn: int, ku: int, sg: int) -> float:
 def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: bool = False) -> bool:
     """Whether ``matmul_tc`` has a variant of ``tile`` at subgroup size ``sg`` (for quantized weights
     with ``quant``): the operand copies of a step must divide evenly over the subgroups (SHARED 1:
-    16 x 16 matrices) or the threads (SHARED 2 to 5, and every quantized weight tile: 8-value
-    chunks). Quantized weights have SHARED 1 and 3 to 5 tiles only (their weight tile is always
+    16 x 16 matrices) or the threads (SHARED 2, 3 and 5, and every quantized weight tile: 8-value
+    chunks). Quantized weights have SHARED 1, 3 and 5 tiles only (their weight tile is always
     copied in chunks: SHARED 2 would be SHARED 1 with x copied by the threads)."""
     tm, tn, sm, sn, ku, shared = tile
     if shared == 0 or (quant and shared == 2):
