@@ -111,7 +111,7 @@ def _ran_all(weight, tokens) -> list[str]:
 
 TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1),
             (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2), (2, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (2, 4, 4, 2, 2, 3),
-            (2, 2, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5)]
+            (2, 2, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (4, 4, 2, 2, 1, 3), (4, 2, 2, 4, 1, 5)]
 
 
 def _probe_sources(shared: int) -> dict[str, str]:
@@ -157,6 +157,27 @@ def test_probe_tc_probe_sources_compile_with_tint(tint_compile, shared):
     """Every probe source of tools/probe_tc.py still compiles under Tint (Dawn's Null device)."""
     for probe, text in _probe_sources(shared).items():
         tint_compile(text, probe)
+
+
+def test_probe_tc_pad_shared_adds_only_unreachable_workgroup_memory(tint_compile):
+    """probe_tc --pad-shared: one more workgroup array of the asked size, touched only behind
+    ``params.rows == 0u``; the rest of the kernel is unchanged, and it compiles under Tint."""
+    import sys
+    from pathlib import Path
+
+    from kjarni.gpu import kernels
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import probe_tc
+
+    source = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, 1, 32))
+    padded = probe_tc.pad_shared(source, 20480)
+    added = [line for line in padded.splitlines() if line not in source.splitlines()]
+    assert added[0] == "var<workgroup> pad_shared: array<u32, 5120u>;"
+    assert len(added) == 2 and added[1].startswith("    if (params.rows == 0u) {")
+    assert [line for line in padded.splitlines() if line not in added] == source.splitlines()
+    assert probe_tc.pad_shared(source, 0) == source
+    tint_compile(padded, "pad_shared")
 
 
 @pytest.mark.parametrize("splits", [1, 3])

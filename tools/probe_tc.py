@@ -20,6 +20,10 @@ probe's figure is the rate the product would run at if only that part cost anyth
 ``--mma-peak`` times products on registers alone (NA x NB operand matrices, NA x NB accumulators,
 NSG subgroups a workgroup): the ceiling of any tile at that register load on this stack.
 
+``--pad-shared BYTES`` adds that much unused workgroup memory to every probe of a tile (touched only
+when ``rows`` is 0, never here, so nothing else changes): if a SHARED 1 tile padded to a SHARED 3
+tile's size loses what SHARED 3 loses, workgroup memory (fewer workgroups an SM) is the cause.
+
 ``--layouts`` loads a 16 x 16 f16 left (row-major) and right (column-major) matrix from workgroup
 arrays of f16, u32, vec2<f16> and vec4<u32> with an offset and stride and says whether Dawn read
 them in halves (the WGSL meaning of offset and stride) or in units of the array's element.
@@ -27,6 +31,7 @@ them in halves (the WGSL meaning of offset and stride) or in units of the array'
     python tools/probe_tc.py --layouts
     python tools/probe_tc.py --mma-peak 1x1x4,2x2x4,4x4x4,4x2x8
     python tools/probe_tc.py --model qwen2.5-1.5b --shapes gate_up --tc-tiles 4x4_2x2_k2_s,4x4_2x2_k2_t
+    python tools/probe_tc.py --shapes gate_up --tc-tiles 4x4_2x2_k2_s --probes full,mma --pad-shared 20480
 """
 
 from __future__ import annotations
@@ -53,6 +58,19 @@ _STORE = re.compile(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)")
 _LOOP_BARRIER = re.compile(r"^ {8}workgroupBarrier\(\);$")  # the K loop's (bias_tile's are deeper)
 _MMA = re.compile(r"^\s*acc(\d+)_(\d+) = subgroupMatrixMultiplyAccumulate")
 _OPERAND = re.compile(r"^\s*let ([ab]\d+) = (subgroupMatrixLoad<.*\(&[xw]s, .*\));$")
+
+
+def pad_shared(source: str, nbytes: int) -> str:
+    """``source`` with ``nbytes`` more workgroup memory, written and read only when ``params.rows``
+    is 0 (never for a real product), so the driver allocates it and nothing else runs."""
+    if nbytes <= 0:
+        return source
+    lines = source.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("var<workgroup> cs:"))
+    lines.insert(at + 1, f"var<workgroup> pad_shared: array<u32, {-(-nbytes // 4)}u>;")
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("let t_out = "))
+    lines.insert(at + 1, "    if (params.rows == 0u) { pad_shared[lane] = pad_shared[lane + 1u] + 1u; y[0] = f32(pad_shared[lane]); }")
+    return "\n".join(lines) + "\n"
 
 
 def probe_source(source: str, probe: str) -> str:
@@ -224,6 +242,8 @@ def main() -> None:
     parser.add_argument("--layouts", action="store_true", help="only the workgroup-array reading test")
     parser.add_argument("--mma-peak", metavar="NAxNBxNSG,...", help="only the register-only product rate, e.g. 1x1x4,4x4x4")
     parser.add_argument("--iters", type=int, default=2048, help="--mma-peak: products per accumulator")
+    parser.add_argument("--pad-shared", type=int, default=0, metavar="BYTES",
+                        help="unused workgroup memory added to every probe (the occupancy test)")
     args = parser.parse_args()
 
     from kjarni.gpu import WgpuContext, WgpuOps
@@ -247,7 +267,7 @@ def main() -> None:
 
     def template(op: str, variant: str, flags: frozenset[str] = frozenset()) -> str:
         text = original(op, variant, flags)
-        return probe_source(text, state["probe"]) if op == "matmul_tc" else text
+        return pad_shared(probe_source(text, state["probe"]), args.pad_shared) if op == "matmul_tc" else text
 
     kernels.template = template
     warm = True
@@ -258,13 +278,14 @@ def main() -> None:
         xin, nw, b, r = product_inputs(rng, args.tokens, rows, cols, kind)
         for label in args.tc_tiles.split(","):
             tile = tiles.get(label)
-            if tile is None or kernels.tc_workgroup_bytes(*tile) > ctx.max_workgroup_storage:
+            if tile is None or kernels.tc_workgroup_bytes(*tile) + args.pad_shared > ctx.max_workgroup_storage:
                 print(json.dumps({"shape": name, "tile": label, "error": "no such SHARED tile at this subgroup size"}), flush=True)
                 continue
             for probe in args.probes.split(","):
                 state["probe"] = probe
                 ctx._pipelines.clear()  # the same kernel name, another source
-                entry: dict = {"shape": name, "rows": rows, "cols": cols, "tile": label, "probe": probe}
+                entry: dict = {"shape": name, "rows": rows, "cols": cols, "tile": label, "probe": probe,
+                               "workgroup_bytes": kernels.tc_workgroup_bytes(*tile) + args.pad_shared}
                 try:
                     ops = WgpuOps(ctx, weight_format="f16")
                     ops.tuning.sgmat_tiles = {}
