@@ -264,6 +264,54 @@ def test_token_major_order_swaps_the_grid_and_the_tile_indices():
         assert ("let wx = wid.y;" in made[-1][2]) == first and made[-1][1] == (frozenset({"tokens_first"}) if first else frozenset())
 
 
+def test_token_major_order_per_shape_overrides_the_global_flag():
+    """No GPU: tc_tokens_first_for[(rows, cols)] picks the grid order of that shape only."""
+    import types
+
+    from kjarni.gpu.linear import Linear
+    from kjarni.gpu.tuning import GpuTuning
+
+    context = types.SimpleNamespace(f16_matrix_subgroup=32, uniform=lambda data: data, pipeline=lambda name, kinds, **kw: name)
+    linear = Linear(context, GpuTuning(tc_tokens_first=False, tc_tokens_first_for={(17920, 1536): True, (1536, 8960): False}))
+    tile = (4, 4, 2, 2, 2, 1)
+    up = linear.tc_kernel(tile, types.SimpleNamespace(format="f16", rows=17920, row_offset=0), 1536, 17920, 512, 0)
+    down = linear.tc_kernel(tile, types.SimpleNamespace(format="f16", rows=1536, row_offset=0), 8960, 1536, 512, 0)
+    other = linear.tc_kernel(tile, types.SimpleNamespace(format="f16", rows=2048, row_offset=0), 1536, 2048, 512, 0)
+    assert (up[2], down[2], other[2]) == ((4, 140, 1), (12, 4, 1), (16, 4, 1))
+    assert up[0].endswith("+tf") and not down[0].endswith("+tf") and not other[0].endswith("+tf")
+
+
+def test_bench_gpu_sweep_choice_overrides_only_the_shapes_it_names():
+    """tools/bench_gpu.py --sgmat-choice: a sweep of some shapes keeps the other shapes' default
+    tiles; each named shape gets its kernel family, tile, K split and grid order."""
+    import sys
+    from pathlib import Path
+
+    from kjarni.gpu.tuning import GpuTuning
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_gpu
+
+    tuning = GpuTuning()
+    before = dict(tuning.tc_tiles)
+    assert (896, 896) in tuning.sgmat_tiles and (2048, 1536) in before and (17920, 1536) in before
+    bench_gpu.apply_sgmat_choice(tuning, [
+        {"rows": 17920, "cols": 1536, "format": "f16", "family": "tc", "tile": [4, 4, 2, 2, 1, 5], "splits": None, "tokens_first": True},
+        {"rows": 1536, "cols": 8960, "format": "f16", "family": "tc", "tile": [2, 4, 4, 2, 2, 3], "splits": 8, "tokens_first": False},
+        {"rows": 896, "cols": 896, "format": "f16", "family": "tc", "tile": [2, 4, 4, 2, 2, 3], "splits": None, "tokens_first": False},
+        {"rows": 1152, "cols": 896, "format": "f16", "family": None, "tile": None, "splits": None},
+        {"rows": 9728, "cols": 896, "format": "Q8_0", "family": "tc", "tile": [4, 2, 2, 4, 2, 5], "splits": None},
+    ])
+    assert tuning.tc_tiles[(17920, 1536)] == (4, 4, 2, 2, 1, 5) and tuning.tc_tokens_first_for[(17920, 1536)] is True
+    assert tuning.tc_tiles[(1536, 8960)] == (2, 4, 4, 2, 2, 3) and tuning.tc_split_counts[(1536, 8960)] == 8
+    assert tuning.tc_tokens_first_for[(1536, 8960)] is False
+    assert (896, 896) not in tuning.sgmat_tiles and tuning.tc_tiles[(896, 896)] == (2, 4, 4, 2, 2, 3)
+    assert tuning.tc_tiles[(1152, 896)] is None  # the SIMT kernel won there
+    assert tuning.tc_tiles[(2048, 1536)] == before[(2048, 1536)]  # not in the choice: the default
+    assert tuning.tc_quant_tiles[("Q8_0", 9728, 896)] == (4, 2, 2, 4, 2, 5)
+    assert tuning.tc_quant_tiles[("Q8_0", 896, 896)] == GpuTuning().tc_quant_tiles[("Q8_0", 896, 896)]
+
+
 def test_tc_matmul_applies_a_pending_silu_mul_in_its_prep(tc_ops):
     ops = tc_ops
     rng = np.random.default_rng(7)

@@ -468,6 +468,30 @@ def _set_field(tuning: GpuTuning, item: str) -> str | None:
     return None
 
 
+def apply_sgmat_choice(tuning: GpuTuning, choice: list[dict]) -> None:
+    """``tools/sweep_sgmat.py --out`` entries over ``tuning``'s defaults, per shape they name (the
+    others keep theirs): matmul_tc's tile ("tc"), the first kernel's ("sgmat") or the SIMT kernel
+    (None), the K split and matmul_tc's grid order. Entries of a quantized sweep (``--format``) name
+    their GGUF format and set ``tc_quant_tiles``."""
+    for c in choice:
+        tc = c.get("family") == "tc"
+        if c.get("format", "f16") != "f16":
+            tuning.tc_quant_tiles[(c["format"], c["rows"], c["cols"])] = tuple(c["tile"]) if tc else None
+            continue
+        shape = (c["rows"], c["cols"])
+        tuning.tc_tiles[shape] = tuple(c["tile"]) if tc else None
+        tuning.sgmat_tiles.pop(shape, None)
+        if c.get("family") == "sgmat":
+            tuning.sgmat_tiles[shape] = tuple(c["tile"])
+        for counts in (tuning.tc_split_counts, tuning.sgmat_split_counts):
+            counts.pop(shape, None)
+        if c["tile"] and c["splits"]:
+            (tuning.tc_split_counts if tc else tuning.sgmat_split_counts)[shape] = c["splits"]
+        if tc:
+            tuning.tc_tokens_first_for[shape] = bool(c.get("tokens_first"))
+        tuning.tensor_cores = tuning.tensor_cores or tc or c.get("family") == "sgmat"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", help=f"one of {sorted(SHAPES)} or 'all'")
@@ -484,8 +508,8 @@ def main() -> None:
     parser.add_argument("--core", action="store_true",
                         help="prefill, greedy decode, recording and GPU time per step only (no verify / sampling costs)")
     parser.add_argument("--sgmat-choice", metavar="JSON",
-                        help="tensor-core tiles and splits per shape from tools/sweep_sgmat.py --out, comma-separated files (missing ones skipped); "
-                             "turns GpuTuning.tensor_cores on where a tile won (--set tensor_cores=1 turns it on with the defaults)")
+                        help="tensor-core tiles, K splits and grid orders per shape from tools/sweep_sgmat.py --out, comma-separated "
+                             "files (missing ones skipped), over the defaults (shapes a file does not name keep theirs)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
@@ -500,21 +524,8 @@ def main() -> None:
         if error:
             parser.error(error)
     tuning = _apply_tuning(TUNING, args.tuning) if args.tuning else None
-    sgmat_choice = None
     choice_files = [Path(f) for f in (args.sgmat_choice or "").split(",") if f and Path(f).is_file()]
-    if choice_files:
-        sgmat_choice = [c for f in choice_files for c in json.loads(f.read_text())]
-        # Per shape: matmul_tc's tile ("tc"), the first kernel's ("sgmat"), or the SIMT kernel (None).
-        # Entries of a quantized sweep (sweep_sgmat.py --format) name their GGUF format: tc_quant_tiles.
-        TUNING.tc_quant_tiles = {(c["format"], c["rows"], c["cols"]): tuple(c["tile"]) if c.get("family") == "tc" else None
-                                 for c in sgmat_choice if c.get("format", "f16") != "f16"}
-        sgmat_choice = [c for c in sgmat_choice if c.get("format", "f16") == "f16"] or None
-    if sgmat_choice:
-        TUNING.tc_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) if c.get("family") == "tc" else None for c in sgmat_choice}
-        TUNING.tc_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c.get("family") == "tc" and c["splits"]}
-        TUNING.sgmat_tiles = {(c["rows"], c["cols"]): tuple(c["tile"]) for c in sgmat_choice if c.get("family") == "sgmat"}
-        TUNING.sgmat_split_counts = {(c["rows"], c["cols"]): c["splits"] for c in sgmat_choice if c.get("family") == "sgmat" and c["splits"]}
-        TUNING.tensor_cores = any(c["tile"] for c in sgmat_choice)
+    apply_sgmat_choice(TUNING, [c for f in choice_files for c in json.loads(f.read_text())])
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):

@@ -464,7 +464,7 @@ class Linear:
         ctx = self.context
         tm, tn, sm, sn = tile[:4]
         variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup, seg.format)
-        tokens_first = self.tuning.tc_tokens_first
+        tokens_first = self.tuning.tc_tokens_first_for.get((seg.rows, cols), self.tuning.tc_tokens_first)
         order = frozenset({"tokens_first"}) if tokens_first else frozenset()
 
         def source() -> str:

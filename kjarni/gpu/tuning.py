@@ -179,6 +179,8 @@ class GpuTuning:
     tc_tokens_first: bool = False
     """matmul_tc's grid order: token tiles fastest (the workgroups sharing a weight tile run side by
     side, its later reads served by L2) instead of row tiles fastest (sharing an activation tile)."""
+    tc_tokens_first_for: dict[tuple[int, int], bool] = field(default_factory=dict)
+    """Per (segment rows, cols): matmul_tc's grid order, over ``tc_tokens_first``."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
     tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
