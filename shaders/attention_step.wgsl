@@ -86,8 +86,11 @@ fn kv_pack(v: vec4<f32>) -> vec4<f32> {
 // #include reduce.wgsl
 
 var<workgroup> q_sh: array<vec4<f32>, HEAD_DIM / 4u>;
-var<workgroup> k_sh: array<vec4<f32>, HEAD_DIM / 4u>;
-var<workgroup> v_sh: array<vec4<f32>, HEAD_DIM / 4u>;
+// The new key and value as the cache stores them (packed with kv_f16), unpacked where read: an
+// unpack of a pack in registers is not always honoured (Mesa 25's lavapipe drops the rounding of
+// unpack2x16float(pack2x16float(x)).y), so the rounding goes through workgroup memory.
+var<workgroup> k_sh: array<KVRaw, HEAD_DIM / 4u>;
+var<workgroup> v_sh: array<KVRaw, HEAD_DIM / 4u>;
 var<workgroup> p_sh: array<f32, MAX_KEYS>;
 var<workgroup> o_sh: array<vec4<f32>, WG>;
 
@@ -114,8 +117,10 @@ fn rotated4(head: u32, e: u32, pos: u32) -> vec4<f32> {
 fn score_part(row: u32, kl: u32, fresh: bool) -> f32 {
     var acc = 0.0;
     for (var i = kl; i < HEAD_DIM / 4u; i += KL) {
-        var k = k_sh[i];
-        if (!fresh) {
+        var k: vec4<f32>;
+        if (fresh) {
+            k = kv_load(k_sh[i]);
+        } else {
             k = kv_load(k_cache[row + i]);
         }
         acc += dot(q_sh[i], k);
@@ -204,8 +209,8 @@ fn main(
         let k = kv_pack(rotated4((heads + kv_head) * HEAD_DIM, e, pos));
         let vb = (heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
         let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
-        k_sh[i] = kv_load(k);
-        v_sh[i] = kv_load(v);
+        k_sh[i] = k;
+        v_sh[i] = v;
         if (h % group == 0u && split == 0u) {
             k_cache[cache + i] = k;
             v_cache[cache + i] = v;
@@ -244,7 +249,7 @@ fn main(
     if (!LEAN && lid == 0u && has_last) {
         var s = 0.0;
         for (var i = 0u; i < d4; i++) {
-            s += dot(q_sh[i], k_sh[i]);
+            s += dot(q_sh[i], kv_load(k_sh[i]));
         }
         p_sh[last - j0] = s;
         m_local = max(m_local, s);
@@ -292,7 +297,7 @@ fn main(
         o += p_sh[k + 2u * subsets] * kv_load(v2);
     }
     if (has_last && (last - j0) % subsets == subset) {
-        o += p_sh[last - j0] * v_sh[c4];
+        o += p_sh[last - j0] * kv_load(v_sh[c4]);
     }
     o_sh[lid] = o;
     workgroupBarrier();
