@@ -525,7 +525,8 @@ def main() -> None:
             parser.error(error)
     tuning = _apply_tuning(TUNING, args.tuning) if args.tuning else None
     choice_files = [Path(f) for f in (args.sgmat_choice or "").split(",") if f and Path(f).is_file()]
-    apply_sgmat_choice(TUNING, [c for f in choice_files for c in json.loads(f.read_text())])
+    sgmat_choice = [c for f in choice_files for c in json.loads(f.read_text())] or None
+    apply_sgmat_choice(TUNING, sgmat_choice or [])
     if args.small:
         args.model, args.context, args.steps = "small", 64, 8
     if not os.environ.get("XDG_RUNTIME_DIR"):
