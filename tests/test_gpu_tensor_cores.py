@@ -111,7 +111,7 @@ def _ran_all(weight, tokens) -> list[str]:
 
 TC_TILES = [(4, 2, 2, 2, 2, 0), (2, 4, 2, 2, 2, 0), (4, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1),
             (2, 2, 2, 2, 2, 2), (4, 4, 2, 2, 2, 2), (2, 2, 2, 2, 4, 2), (2, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (2, 4, 4, 2, 2, 3),
-            (2, 2, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (4, 4, 2, 2, 1, 3), (4, 2, 2, 4, 1, 5)]
+            (2, 2, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5)]
 
 
 def _probe_sources(shared: int) -> dict[str, str]:
@@ -296,13 +296,13 @@ def test_bench_gpu_sweep_choice_overrides_only_the_shapes_it_names():
     before = dict(tuning.tc_tiles)
     assert (896, 896) in tuning.sgmat_tiles and (2048, 1536) in before and (17920, 1536) in before
     bench_gpu.apply_sgmat_choice(tuning, [
-        {"rows": 17920, "cols": 1536, "format": "f16", "family": "tc", "tile": [4, 4, 2, 2, 1, 5], "splits": None, "tokens_first": True},
+        {"rows": 17920, "cols": 1536, "format": "f16", "family": "tc", "tile": [4, 2, 2, 4, 2, 5], "splits": None, "tokens_first": True},
         {"rows": 1536, "cols": 8960, "format": "f16", "family": "tc", "tile": [2, 4, 4, 2, 2, 3], "splits": 8, "tokens_first": False},
         {"rows": 896, "cols": 896, "format": "f16", "family": "tc", "tile": [2, 4, 4, 2, 2, 3], "splits": None, "tokens_first": False},
         {"rows": 1152, "cols": 896, "format": "f16", "family": None, "tile": None, "splits": None},
         {"rows": 9728, "cols": 896, "format": "Q8_0", "family": "tc", "tile": [4, 2, 2, 4, 2, 5], "splits": None},
     ])
-    assert tuning.tc_tiles[(17920, 1536)] == (4, 4, 2, 2, 1, 5) and tuning.tc_tokens_first_for[(17920, 1536)] is True
+    assert tuning.tc_tiles[(17920, 1536)] == (4, 2, 2, 4, 2, 5) and tuning.tc_tokens_first_for[(17920, 1536)] is True
     assert tuning.tc_tiles[(1536, 8960)] == (2, 4, 4, 2, 2, 3) and tuning.tc_split_counts[(1536, 8960)] == 8
     assert tuning.tc_tokens_first_for[(1536, 8960)] is False
     assert (896, 896) not in tuning.sgmat_tiles and tuning.tc_tiles[(896, 896)] == (2, 4, 4, 2, 2, 3)

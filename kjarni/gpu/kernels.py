@@ -156,7 +156,6 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, 2, 2, 2, 2, 3), (2, 4, 2, 2, 2, 3), (4, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 3),
     (2, 4, 4, 2, 2, 3),
     (4, 4, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (2, 4, 4, 2, 2, 5), (2, 2, 2, 2, 2, 5),
-    (4, 4, 2, 2, 1, 3), (4, 4, 2, 2, 1, 5), (4, 2, 2, 4, 1, 5),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
 subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
@@ -166,8 +165,8 @@ as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f1
 matrix loads' offset and stride given in vec4<u32> elements, which is how Dawn reads them
 (tools/probe_tc.py --layouts on an H100, docs/benchmarks.md; SHARED 4, the same in f16 values,
 read the wrong data and is gone), each at subgroup sizes 32 and 64 where the copies divide
-evenly. The KU 1 double-buffered tiles hold the workgroup memory of a KU 2 single one (a guess at
-why SHARED 3 and 5 lose on the 1.5B gate_up: fewer workgroups an SM; tools/probe_tc.py --pad-shared)."""
+evenly. (KU 1 double-buffered tiles, with a KU 2 single tile's workgroup memory, lost every product
+they were measured on and are not made: docs/benchmarks.md, sixteenth session.)"""
 
 
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
