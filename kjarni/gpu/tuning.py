@@ -178,7 +178,8 @@ class GpuTuning:
     """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
     tc_tokens_first: bool = False
     """matmul_tc's grid order: token tiles fastest (the workgroups sharing a weight tile run side by
-    side, its later reads served by L2) instead of row tiles fastest (sharing an activation tile)."""
+    side) instead of row tiles fastest (sharing an activation tile). Off: on an H100 it tied or lost
+    on every product it was measured on (docs/benchmarks.md, sixteenth session)."""
     tc_tokens_first_for: dict[tuple[int, int], bool] = field(default_factory=dict)
     """Per (segment rows, cols): matmul_tc's grid order, over ``tc_tokens_first``."""
     tc_splits: int | None = None
