@@ -131,7 +131,8 @@ def _probe_sources(shared: int) -> dict[str, str]:
 @pytest.mark.parametrize("shared", [1, 3, 5])
 def test_probe_tc_probes_leave_out_what_they_name(shared):
     """tools/probe_tc.py's text edits of a rendered tile: each probe deletes its part of the K loop
-    (global loads, barriers, workgroup stores, operand loads) and nothing else it names."""
+    (global loads, barriers, workgroup stores, operand loads) and nothing else it names; nostore
+    only puts the result stores behind the first row tile's branch."""
     from kjarni.gpu import kernels
 
     got = _probe_sources(shared)
@@ -150,6 +151,10 @@ def test_probe_tc_probes_leave_out_what_they_name(shared):
     assert "subgroupMatrixLoad<subgroup_matrix_left" in got["smem_mma"].split(loop, 1)[1]
     assert "subgroupMatrixLoad<subgroup_matrix_left" not in got["mma"].split(loop, 1)[1]
     assert got["mma"].count("subgroupMatrixLoad<subgroup_matrix_left") == 4  # TM operands, loaded once
+    stores = [line for line in got["nostore"].splitlines() if "subgroupMatrixStore<row_major>(&y," in line]
+    assert len(stores) == 16 and all(line.startswith("    if (wid.x == 0u) { subgroupMatrixStore") for line in stores)
+    assert [line for line in got["nostore"].splitlines() if line not in stores] == \
+        [line for line in got["full"].splitlines() if "subgroupMatrixStore<row_major>(&y," not in line]
 
 
 @pytest.mark.parametrize("shared", [1, 3, 5])

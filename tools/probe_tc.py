@@ -12,6 +12,10 @@ Probes of a tile (each a text edit of the rendered kernel; only ``full`` compute
   nosync    noglobal without the loop's barriers (stores, operand loads, products)
   smem_mma  nosync without the stores: the operand loads from workgroup memory and the products
   mma       the operands loaded once before the loop: the products alone
+  nostore   the kernel as shipped but its results stored only by the workgroups of the first
+            row (or, token-major, token) tile: the cost of the result stores (36.7 MB of f32 for
+            the 1.5B gate_up). The K loop stays whole (its barriers and workgroup stores keep the
+            compiler from moving it into the store's branch)
 
 Time per probe is GPU time from timestamp queries around each product (the f16 activation prep
 not counted), the mean of ``--reps``; ``tflops`` is the whole product's FLOPs over that time, so a
@@ -51,13 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kjarni.gpu import kernels  # noqa: E402
 from sweep_sgmat import product, product_inputs, shapes  # noqa: E402
 
-PROBES = ("full", "copy", "noglobal", "nosync", "smem_mma", "mma")
+PROBES = ("full", "copy", "noglobal", "nosync", "smem_mma", "mma", "nostore")
 
 _GLOBAL = re.compile(r"^\s*p[abxw]\d+ = ")  # the prefetches from storage (PRE and the loop)
 _STORE = re.compile(r"^\s*([xw]s\[|subgroupMatrixStore<\w+>\(&[xw]s,)")
 _LOOP_BARRIER = re.compile(r"^ {8}workgroupBarrier\(\);$")  # the K loop's (bias_tile's are deeper)
 _MMA = re.compile(r"^\s*acc(\d+)_(\d+) = subgroupMatrixMultiplyAccumulate")
 _OPERAND = re.compile(r"^\s*let ([ab]\d+) = (subgroupMatrixLoad<.*\(&[xw]s, .*\));$")
+_RESULT_STORE = re.compile(r"^(\s*)(subgroupMatrixStore<row_major>\(&y, .*;)$")
 
 
 def pad_shared(source: str, nbytes: int) -> str:
@@ -79,6 +84,8 @@ def probe_source(source: str, probe: str) -> str:
         return source
     out, hoisted = [], {}
     lines = source.splitlines()
+    if probe == "nostore":
+        return "\n".join(_RESULT_STORE.sub(r"\1if (wid.x == 0u) { \2 }", line) for line in lines) + "\n"
     for line in lines:
         if probe == "copy":
             m = _MMA.match(line)
