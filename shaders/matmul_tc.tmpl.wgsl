@@ -107,8 +107,8 @@ fn main(
     let sm = sg / SN;
     let sn = sg % SN;
     // The workgroup's row tile (wx) and token tile (wy). tokens_first: the grid is (token tiles,
-    // row tiles), so the workgroups that share a weight tile run next to each other and its second
-    // and later reads come from L2.
+    // row tiles), so the workgroups that share a weight tile run next to each other (meant to serve
+    // its later reads from L2; on an H100 it was never faster: GpuTuning.tc_tokens_first).
 // #if tokens_first
     let wx = wid.y;
     let wy = wid.x;
