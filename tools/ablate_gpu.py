@@ -221,7 +221,6 @@ def ablate(shape: str, fmt: str, context: int, ctx, *, prefill: bool, passes: in
                      "profiled_us": round(1e6 * prof.get(name, 0.0), 1),
                      "profiled_us_each": round(1e6 * prof.get(name, 0.0) / counts[name], 2)})
     result["kernels"] = sorted(rows, key=lambda r: -r["marginal_us"])
-    del model, cache
     return result
 
 
