@@ -26,7 +26,11 @@ with the recorded forward's). Buffer copies in a forward (none in a decode step)
 
     python tools/ablate_gpu.py --model qwen2.5-0.5b --format f16            # decode at 512 positions
     python tools/ablate_gpu.py --runtime dawn --dawn-fast --prefill --model qwen2.5-1.5b
+    python tools/ablate_gpu.py --prefill --model qwen2.5-1.5b --runtime dawn --choices "default;gate_up_w.json"
     python tools/ablate_gpu.py --small --check                               # lavapipe smoke test
+
+``--choices`` measures several tensor-core configurations (sweep_sgmat.py --out files over the
+defaults) on one model build, each as its own result.
 """
 
 from __future__ import annotations
@@ -172,14 +176,38 @@ def profiled(ctx, calls: list) -> dict[str, float]:
 
 
 def ablate(shape: str, fmt: str, context: int, ctx, *, prefill: bool, passes: int, reps: int, warm_s: float,
-           check: bool) -> dict:
+           check: bool, choices: list[str]) -> list[dict]:
+    """One model build, then per entry of ``choices`` ("default", or comma-separated
+    tools/sweep_sgmat.py --out files applied over ``bench_gpu.TUNING``): the forward recorded and
+    ablated (`measure`). Each result is also printed to stderr as a JSON line when it is done."""
+    import copy
+
     from kjarni.gpu import WgpuOps
 
+    base = copy.deepcopy(bench_gpu.TUNING)
     ops = WgpuOps(ctx, weight_format="f16", tuning=bench_gpu.TUNING)
-    ops.tuning.step_capture = False  # a replayed tape would bypass the recorder
     model = bench_gpu.build(shape, fmt, ops)
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
+    results = []
+    for choice in choices:
+        for name in type(base).field_names():
+            setattr(ops.tuning, name, copy.deepcopy(getattr(base, name)))
+        ops.tuning.step_capture = False  # a replayed tape would bypass the recorder
+        entries = [] if choice == "default" else [c for f in choice.split(",") for c in json.loads(Path(f).read_text())]
+        bench_gpu.apply_sgmat_choice(ops.tuning, entries)
+        for weight in bench_gpu._matrices(model):
+            weight.plans.clear()  # planned once per weight and shape: the choice takes effect now
+        result = {"shape": shape, "format": fmt, "context": context, "choice": choice,
+                  **measure(ops, model, prompt, cache, prefill=prefill, passes=passes, reps=reps, warm_s=warm_s, check=check)}
+        print(json.dumps(result), file=sys.stderr, flush=True)
+        results.append(result)
+    return results
+
+
+def measure(ops, model, prompt, cache, *, prefill: bool, passes: int, reps: int, warm_s: float, check: bool) -> dict:
+    """Record one forward (the prompt's prefill, or a decode step after it) and time its ablations."""
+    ctx = ops.context
     bench_gpu._warm_up(ops, model, prompt, cache, seconds=0.5)  # pipelines
     cache.offset = 0
     token = int(ops.argmax(model.forward(prompt, cache))[0])
@@ -191,8 +219,7 @@ def ablate(shape: str, fmt: str, context: int, ctx, *, prefill: bool, passes: in
         cache.trim(1)
         calls, out = record(ctx, lambda: model.forward([token], cache))
     logits = ops.read(out)  # runs the recorded forward
-    result = {"shape": shape, "format": fmt, "context": context, "forward": "prefill" if prefill else "decode step",
-              "dispatches": len(calls)}
+    result = {"forward": "prefill" if prefill else "decode step", "dispatches": len(calls)}
     if check:  # the full list replayed gives the recorded forward's logits (the same buffers, rewritten)
         ctx.queue.write_buffer(out.buffer, 0, np.zeros(logits.size, np.float32))
         replay(ctx, calls)
@@ -239,6 +266,9 @@ def main() -> None:
     parser.add_argument("--runtime", choices=("wgpu", "dawn"), default=None)
     parser.add_argument("--dawn-fast", action="store_true", help="Dawn only: disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE", help="override a GpuTuning field")
+    parser.add_argument("--choices", default="default", help="configurations measured on one model build, separated "
+                        "by ';': 'default', or comma-separated tensor-core choice files (tools/sweep_sgmat.py --out) "
+                        "applied over the defaults, as bench_gpu.py --sgmat-choice takes them")
     args = parser.parse_args()
     from kjarni.gpu import WgpuContext
     from kjarni.gpu.runtime import DAWN_FAST_DEVICE_TOGGLES, requested_runtime
@@ -258,11 +288,11 @@ def main() -> None:
     fast = args.dawn_fast and requested_runtime(args.runtime) == "dawn"
     ctx = WgpuContext(args.adapter, runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if fast else ())
     reps = args.reps or (3 if args.prefill else 20)
-    result = ablate(args.model, args.format, args.context, ctx, prefill=args.prefill, passes=args.passes, reps=reps,
-                    warm_s=args.warm_ms * 1e-3, check=args.check)
+    results = ablate(args.model, args.format, args.context, ctx, prefill=args.prefill, passes=args.passes, reps=reps,
+                     warm_s=args.warm_ms * 1e-3, check=args.check, choices=args.choices.split(";"))
     report = {"adapter": ctx.description, "runtime": ctx.runtime.description,
               "dawn_device_toggles": list(DAWN_FAST_DEVICE_TOGGLES) if fast else [], "set": args.set,
-              "passes": args.passes, "reps": reps, **result}
+              "passes": args.passes, "reps": reps, "results": results}
     print(json.dumps(report, indent=1))
 
 
