@@ -36,21 +36,27 @@ H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None]
     (896, 4864): (4, 4, 2, 2, 2, 3),  # 0.5B down_proj: 90.7 us (the first kernel 114.2)
     (2048, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B qkv: 69.7 us
     (1536, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B o_proj: 65.0 us (the first kernel 75.8)
-    (17920, 1536): (4, 4, 2, 2, 2, 1),  # 1.5B gate_up: 487.8 us (SHARED 3 and 5 tiles 990-1090)
+    # 1.5B gate_up: in the model (tools/ablate_gpu.py --prefill --choices, seventeenth session, H100)
+    # 232.6 us a layer against SHARED 1's 473.1 (4x2_2x4_k2_w 234.5); the sweep had ranked SHARED 1
+    # first (487.8 against 990-1090), its products timed while the GPU idled at 345 MHz between them.
+    (17920, 1536): (2, 4, 4, 2, 2, 3),
     (1536, 8960): (4, 2, 2, 4, 2, 5),  # 1.5B down_proj: 638.0 us (SHARED 1's 4x4_2x2 1,333.9)
 }
 # (GGUF format, segment rows, cols) -> matmul_tc SHARED tile for quantized prefill weights (tc_quant):
-# the H200 sweep's fastest per Qwen2.5-0.5B product at 512 tokens on Dawn (tools/sweep_sgmat.py
-# --format q8_0 / q4_k, 4 tiles, eighth session, docs/benchmarks.md); other shapes take tc_quant_tile.
+# the sweep's fastest per Qwen2.5-0.5B product at 512 tokens on Dawn (tools/sweep_sgmat.py --format
+# q8_0 / q4_k, SHARED 1, 3 and 5 tiles, seventeenth session, H100; its products timed at a low clock,
+# so the ranking is checked in the model: bench_gpu's whole 0.5B prefill went from 52,435 to 70,263
+# tok/s (Q8_0) and 49,454 to 57,295 (Q4_K) in the same call, docs/benchmarks.md); other shapes take
+# tc_quant_tile.
 H200_TC_QUANT_TILES: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = {
-    ("Q8_0", 1152, 896): (2, 4, 2, 2, 2, 1),  # 0.5B qkv
-    ("Q8_0", 896, 896): (4, 2, 2, 4, 2, 1),  # 0.5B o_proj
-    ("Q8_0", 9728, 896): (4, 4, 2, 2, 2, 1),  # 0.5B gate_up
-    ("Q8_0", 896, 4864): (4, 2, 2, 4, 2, 1),  # 0.5B down_proj
-    ("Q5_0", 1152, 896): (2, 4, 2, 2, 2, 1),  # 0.5B qkv (the Q4_K file's Q5_0 rows)
-    ("Q5_0", 896, 896): (4, 2, 2, 4, 2, 1),  # 0.5B o_proj
-    ("Q5_0", 9728, 896): (4, 2, 2, 4, 2, 1),  # 0.5B gate_up
-    ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 1),  # 0.5B down_proj
+    ("Q8_0", 1152, 896): (4, 4, 2, 2, 2, 1),  # 0.5B qkv
+    ("Q8_0", 896, 896): (4, 2, 2, 4, 2, 5),  # 0.5B o_proj
+    ("Q8_0", 9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up
+    ("Q8_0", 896, 4864): (4, 2, 2, 4, 2, 5),  # 0.5B down_proj
+    ("Q5_0", 1152, 896): (4, 4, 2, 2, 2, 1),  # 0.5B qkv (the Q4_K file's Q5_0 rows)
+    ("Q5_0", 896, 896): (4, 2, 2, 4, 2, 5),  # 0.5B o_proj
+    ("Q5_0", 9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up
+    ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 5),  # 0.5B down_proj
 }
 H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
     (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj: 36.2 us (matmul_tc's best 43.7)
