@@ -8,6 +8,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import ablate_gpu  # noqa: E402
+import gputime  # noqa: E402
 import bench_gpu  # noqa: E402
 
 
@@ -22,13 +23,13 @@ def test_recorded_decode_step_replays_to_the_same_logits_and_every_label_is_left
     cache = model.new_cache(48)
     token = int(ops.argmax(model.forward(prompt, cache))[0])
     before = ctx.stats.dispatches
-    calls, out = ablate_gpu.record(ctx, lambda: model.forward([token], cache))
+    calls, out = gputime.record(ctx, lambda: model.forward([token], cache))
     logits = ops.read(out)
     assert len(calls) == ctx.stats.dispatches - before > 0
     assert "dispatch_group" not in vars(ctx)  # the recorder is gone again
 
     ctx.queue.write_buffer(out.buffer, 0, np.zeros(logits.size, np.float32))
-    ablate_gpu.replay(ctx, calls)
+    gputime.replay(ctx, calls)
     assert np.array_equal(ops.read(out), logits)
 
     lists = ablate_gpu.variants(calls)

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_gpu  # noqa: E402
+from gputime import record, replay, time_lists  # noqa: E402
 
 EMPTY_WGSL = """
 @group(0) @binding(0) var<storage, read_write> buf: array<u32>;
@@ -60,36 +61,12 @@ def label(pipeline, grid) -> str:
     return f"{pipeline.kjarni_name} {grid[0]}x{grid[1]}x{grid[2]}"
 
 
-def record(ctx, run) -> tuple[list, object]:
-    """The dispatches (pipeline, group, grid) that ``run()`` records, in order, and what it returned
-    (read back, so the recorded work ran)."""
-    calls = []
-    original = ctx.dispatch_group
-
-    def recording(pipeline, group, grid):
-        calls.append((pipeline, group, tuple(grid)))
-        original(pipeline, group, grid)
-
-    ctx.dispatch_group = recording
-    try:
-        result = run()
-    finally:
-        del ctx.dispatch_group  # the bound method again
-    return calls, result
-
-
 def variants(calls: list) -> dict[str, list]:
     """``full``, and per label the calls without that label's dispatches (labels in first-seen order)."""
     out = {"full": calls}
     for name in dict.fromkeys(label(p, g) for p, _, g in calls):
         out[name] = [c for c in calls if label(c[0], c[2]) != name]
     return out
-
-
-def replay(ctx, calls: list) -> None:
-    """Record ``calls`` into the context's open pass, as the forward did."""
-    for pipeline, group, grid in calls:
-        ctx.dispatch_group(pipeline, group, grid)
 
 
 def empty_calls(ctx, n: int) -> list:
@@ -103,63 +80,6 @@ def empty_calls(ctx, n: int) -> list:
     group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
                                          entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 256}}])
     return [(pipeline, group, (1, 1, 1))] * n
-
-
-def time_variants(ctx, lists: dict[str, list], passes: int, reps: int, warm_s: float) -> dict[str, float]:
-    """Median seconds of one run of each list: ``passes`` rounds, each one timestamped compute pass
-    per list holding ``reps`` runs of it back to back, after about ``warm_s`` of the full list."""
-    import wgpu
-
-    names = list(lists)
-    n = len(names)
-    qs = ctx.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n * passes)
-    encoder = ctx.device.create_command_encoder()
-
-    def run_pass(calls, count, writes=None):
-        cp = encoder.begin_compute_pass(timestamp_writes=writes) if writes else encoder.begin_compute_pass()
-        for _ in range(count):
-            for pipeline, group, grid in calls:
-                cp.set_pipeline(pipeline)
-                cp.set_bind_group(0, group)
-                cp.dispatch_workgroups(*grid)
-        cp.end()
-
-    full = lists["full"]
-    run_pass(full, max(1, int(warm_s / max(time_once(ctx, full), 1e-6))))
-    for p in range(passes):
-        for v, name in enumerate(names):
-            q = 2 * (p * n + v)
-            run_pass(lists[name], reps, {"query_set": qs, "beginning_of_pass_write_index": q, "end_of_pass_write_index": q + 1})
-    resolve = ctx.device.create_buffer(size=16 * n * passes, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    encoder.resolve_query_set(qs, 0, 2 * n * passes, resolve, 0)
-    ctx.queue.submit([encoder.finish()])
-    ticks = np.frombuffer(ctx.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
-    per = (ticks[1::2] - ticks[0::2]).reshape(passes, n) * 1e-9 / reps
-    resolve.destroy()
-    qs.destroy()
-    return dict(zip(names, (float(t) for t in np.median(per, axis=0))))
-
-
-def time_once(ctx, calls: list) -> float:
-    """Seconds of one timestamped run of ``calls`` (for sizing the warm-up)."""
-    import wgpu
-
-    qs = ctx.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    encoder = ctx.device.create_command_encoder()
-    cp = encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
-                                                      "end_of_pass_write_index": 1})
-    for pipeline, group, grid in calls:
-        cp.set_pipeline(pipeline)
-        cp.set_bind_group(0, group)
-        cp.dispatch_workgroups(*grid)
-    cp.end()
-    resolve = ctx.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-    ctx.queue.submit([encoder.finish()])
-    ticks = np.frombuffer(ctx.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
-    resolve.destroy()
-    qs.destroy()
-    return float(ticks[1] - ticks[0]) * 1e-9
 
 
 def profiled(ctx, calls: list) -> dict[str, float]:
@@ -231,7 +151,7 @@ def measure(ops, model, prompt, cache, *, prefill: bool, passes: int, reps: int,
         return result
     lists = variants(calls)
     lists["empty"] = empty_calls(ctx, len(calls))
-    times = time_variants(ctx, lists, passes, reps, warm_s)
+    times = time_lists(ctx, lists, passes, reps, warm_s)
     prof = profiled(ctx, calls)
     counts = defaultdict(int)
     for pipeline, _, grid in calls:

@@ -17,8 +17,12 @@ Probes of a tile (each a text edit of the rendered kernel; only ``full`` compute
             the 1.5B gate_up). The K loop stays whole (its barriers and workgroup stores keep the
             compiler from moving it into the store's branch)
 
-Time per probe is GPU time from timestamp queries around each product (the f16 activation prep
-not counted), the mean of ``--reps``; ``tflops`` is the whole product's FLOPs over that time, so a
+Time per probe is GPU time of the matmul_tc dispatch alone (the f16 activation prep not counted)
+from timestamp queries: every probe of a tile is compiled and recorded first, then all are timed
+in one command buffer on a warm GPU (``--warm-ms`` of work, then ``--passes`` rounds of a pass per
+probe of ``--reps`` products back to back, the median round counting: tools/gputime.py; before the
+seventeenth session each probe was timed right after its compile, while an H100 may idle at 345
+MHz, so those sessions' probe figures mix clocks); ``tflops`` is the whole product's FLOPs over that time, so a
 probe's figure is the rate the product would run at if only that part cost anything.
 
 ``--mma-peak`` times products on registers alone (NA x NB operand matrices, NA x NB accumulators,
@@ -44,7 +48,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kjarni.gpu import kernels  # noqa: E402
+from gputime import record, time_lists  # noqa: E402
 from sweep_sgmat import product, product_inputs, shapes  # noqa: E402
 
 PROBES = ("full", "copy", "noglobal", "nosync", "smem_mma", "mma", "nostore")
@@ -179,15 +183,8 @@ def mma_peak(ctx, configs: str, iters: int, reps: int) -> None:
             code = MMA_KERNEL.format(WG=nsg * sg, DECL="\n".join(decl), MMA="\n".join(mma), STORE="\n".join(store), ITERS=iters)
             pipeline = ctx.pipeline(f"mma_peak_{na}x{nb}x{nsg}", ("rw", "read"), source=code)
             y = ctx.storage(groups * nsg * na * nb * 1024, "mma.y")
-            for _ in range(3):
-                ctx.dispatch(pipeline, [y, src], (groups, 1, 1))
-            ctx.read(y, 0, 4)
-            ctx.profile(True)
-            for _ in range(reps):
-                ctx.dispatch(pipeline, [y, src], (groups, 1, 1))
-            ctx.read(y, 0, 4)
-            us = 1e6 * float(np.mean([t for _, t in ctx.stats.kernel_times]))
-            ctx.profile(False)
+            call = (pipeline, ctx.bind_group(pipeline, [y, src]), (groups, 1, 1))
+            us = 1e6 * time_lists(ctx, {"mma": [call]}, 3, reps, 0.5)["mma"]  # on a warm GPU (tools/gputime.py)
             flops = 2 * 16 * 16 * 16 * na * nb * iters * nsg * groups
             entry.update(us=round(us, 1), tflops=round(flops / us / 1e6, 1))
         except Exception as exc:  # noqa: BLE001 - reported per configuration
@@ -245,7 +242,8 @@ def main() -> None:
     parser.add_argument("--probes", default=",".join(PROBES))
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--warm-ms", type=float, default=500, help="products run before the first timing (the clock ramps)")
+    parser.add_argument("--passes", type=int, default=5, help="timed rounds over a tile's probes (the median counts)")
+    parser.add_argument("--warm-ms", type=float, default=500, help="GPU work before a tile's timed rounds (the clock ramps)")
     parser.add_argument("--layouts", action="store_true", help="only the workgroup-array reading test")
     parser.add_argument("--mma-peak", metavar="NAxNBxNSG,...", help="only the register-only product rate, e.g. 1x1x4,4x4x4")
     parser.add_argument("--iters", type=int, default=2048, help="--mma-peak: products per accumulator")
@@ -277,7 +275,6 @@ def main() -> None:
         return pad_shared(probe_source(text, state["probe"]), args.pad_shared) if op == "matmul_tc" else text
 
     kernels.template = template
-    warm = True
     for name, (rows, cols, kind) in shapes(args.model).items():
         if name not in args.shapes.split(","):
             continue
@@ -288,6 +285,9 @@ def main() -> None:
             if tile is None or kernels.tc_workgroup_bytes(*tile) + args.pad_shared > ctx.max_workgroup_storage:
                 print(json.dumps({"shape": name, "tile": label, "error": "no such SHARED tile at this subgroup size"}), flush=True)
                 continue
+            # Each probe compiled and its matmul_tc dispatch recorded, then all timed together on a
+            # warm GPU (tools/gputime.py: an H100 idles at 345 MHz between compiles).
+            prepared = {}
             for probe in args.probes.split(","):
                 state["probe"] = probe
                 ctx._pipelines.clear()  # the same kernel name, another source
@@ -299,25 +299,22 @@ def main() -> None:
                     ops.tuning.tc_tiles = {(rows, cols): tile}
                     run = product(ops, w, name, kind, xin, nw, b, r)
                     ops.read(run())
-                    start = time.perf_counter()
-                    while warm and time.perf_counter() - start < args.warm_ms / 1e3:  # clocks up before the first timing
-                        ops.read(run())
-                    warm = False
-                    ops.read(run())
-                    ctx.profile(True)
-                    outs = [run() for _ in range(args.reps)]
-                    ops.read(outs[-1])
-                    times = [s for n, s in ctx.stats.kernel_times if n.startswith("matmul_tc.")]
-                    ctx.profile(False)
-                    if not times:
-                        raise RuntimeError(f"matmul_tc did not run ({sorted({n for n, _ in ctx.stats.kernel_times})})")
-                    us = 1e6 * float(np.sum(times)) / args.reps
-                    entry.update(us=round(us, 1), tflops=round(2 * args.tokens * rows * cols / us / 1e6, 1))
-                    ops.close()
+                    calls, out = record(ctx, run)
+                    ops.read(out)
+                    tc = [c for c in calls if c[0].kjarni_name.startswith("matmul_tc.")]
+                    if not tc:
+                        raise RuntimeError(f"matmul_tc did not run ({sorted({c[0].kjarni_name for c in calls})})")
+                    prepared[probe] = (entry, tc, (ops, run, out))
                 except Exception as exc:  # noqa: BLE001 - reported per probe
                     entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    ctx = WgpuContext(runtime="dawn", dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES)
-                print(json.dumps(entry), flush=True)
+                    print(json.dumps(entry), flush=True)
+            if prepared:
+                times = time_lists(ctx, {p: v[1] for p, v in prepared.items()}, args.passes, args.reps, args.warm_ms / 1e3)
+                for probe, (entry, _, (ops, _, _)) in prepared.items():
+                    us = 1e6 * times[probe]
+                    entry.update(us=round(us, 1), tflops=round(2 * args.tokens * rows * cols / us / 1e6, 1))
+                    print(json.dumps(entry), flush=True)
+                    ops.close()
     kernels.template = original
 
 

@@ -1,6 +1,10 @@
 """Sweep the tensor-core prefill matmuls on a Dawn adapter with f16 subgroup matrices: per Qwen2.5
-prefill product and tile, GPU time (timestamp queries, mean of ``--reps`` products, the f16
-activation prep included), TFLOP/s and the error against numpy with the same f16 rounding of the
+prefill product and tile, GPU time (timestamp queries; each variant is compiled, checked and its
+dispatches recorded first, then every variant of a shape is timed in one command buffer on a warm
+GPU: ``--warm-ms`` of work, then ``--passes`` rounds of a pass per variant of ``--reps`` products back
+to back, the median round counting; the f16 activation prep and any K-split reduce included; before
+the seventeenth session each product was timed right after its compile, while an H100 idled at
+345 MHz, which ranked the tiles wrongly), TFLOP/s and the error against numpy with the same f16 rounding of the
 activations (NumpyOps(activations="f16")'s math); the SIMT kernel (matmul_f16) beside it. Tiles of
 matmul_tc.tmpl.wgsl (``--tc-tiles``, kernels.TC_TILES) and of the first kernel, matmul_sgmat.tmpl.wgsl
 (``--tiles``). ``--format q8_0`` (or q4_k, q5_0, ..) sweeps the quantized variants of matmul_tc
@@ -25,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gputime import record, time_lists  # noqa: E402
 from kjarni.gpu import kernels  # noqa: E402
 
 MODELS = {"qwen2.5-0.5b": (896, 4864, 1152), "qwen2.5-1.5b": (1536, 8960, 2048)}
@@ -89,11 +94,33 @@ def product(ops, wsrc, name: str, kind: str, xin: np.ndarray, nw, b, r):
     return run
 
 
+def time_prepared(ctx, prepared: list[dict], where: dict, args, report: dict, best: dict) -> None:
+    """Times the prepared variants of one shape (``where``) back to back on a warm GPU, reports each
+    and keeps the fastest correct one in ``best``; empties ``prepared``."""
+    if not prepared:
+        return
+    times = time_lists(ctx, {v["label"]: v["calls"] for v in prepared}, args.passes, args.reps, args.warm_ms * 1e-3)
+    for v in prepared:
+        us = 1e6 * times[v["label"]]
+        entry = {**where, "kernel": v["label"], "us": round(us, 1),
+                 "tflops": round(2 * args.tokens * where["rows"] * where["cols"] / us / 1e6, 1),
+                 "rel_err": float(f"{v['err']:.2e}"), "ok": v["err"] < 2e-3, "kernels": v["ran"]}
+        v["ops"].close()
+        report["results"].append(entry)
+        print(json.dumps(entry), file=sys.stderr, flush=True)
+        family, tile, sp, tokens_first = v["variant"]
+        if entry["ok"] and family and entry["us"] < best.get(where["shape"], {}).get("us", 1e30):
+            best[where["shape"]] = dict(entry, family=family, tile=list(tile), splits=sp, tokens_first=tokens_first)
+    prepared.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(MODELS))
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=10, help="products back to back in one timed pass")
+    parser.add_argument("--passes", type=int, default=5, help="timed rounds over every variant of a shape (the median counts)")
+    parser.add_argument("--warm-ms", type=float, default=500.0, help="GPU work before a shape's timed rounds (clocks)")
     parser.add_argument("--tiles", default="", help="matmul_sgmat: comma-separated BMxBNxBK_SMxSN (default: all; none: no tile)")
     parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,w} (SHARED 0-3, 5; default: all; none: no tile)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
@@ -160,6 +187,8 @@ def main() -> None:
         variants += [("tc." + kernels.tc_variant(*t, sg, kernels_format) + ("" if sp is None else f"_s{sp}") + ("+tf" if o == "tokens" else ""),
                       "tc", t, sp, o == "tokens")
                      for t in tc_tiles for sp in splits_list for o in args.orders.split(",")]
+        prepared: list[dict] = []  # compiled, checked and recorded, timed together (`time_prepared`)
+        where = {"shape": name, "rows": rows, "cols": cols, "format": fmt}
         for label, family, tile, sp, tokens_first in variants:
             ops = WgpuOps(ctx, weight_format="f16")
             ops.tuning.tensor_cores = ops.tuning.tc_quant = tile is not None
@@ -175,31 +204,27 @@ def main() -> None:
                 run = product(ops, wsrc, name, kind, xin, nw, b, r)
                 y = ops.read(run())
                 err = float(np.abs(y - ref).max()) / scale
-                run()  # warm
-                ops.read(run())
-                ctx.profile(True)
-                outs = [run() for _ in range(args.reps)]
-                ops.read(outs[-1])
-                times = [s for n, s in ctx.stats.kernel_times if n.startswith(("matmul", "silu"))]
-                parts = sorted({n for n, _ in ctx.stats.kernel_times})
-                part_us = {n: round(1e6 * sum(t for m, t in ctx.stats.kernel_times if m == n) / args.reps, 1) for n in parts}
-                ctx.profile(False)
-                us = 1e6 * float(np.sum(times)) / args.reps
-                ran = sorted({n.split(":")[0] for n in parts})
+                calls, out = record(ctx, run)  # the product's dispatches: prep, matmul, any K-split reduce
+                ops.read(out)
+                ran = sorted({p.kjarni_name.split(":")[0] for p, _, _ in calls})
                 if family and not any(n.startswith("matmul_" + family + ".") for n in ran):
                     raise RuntimeError(f"{label} did not run (ran {ran})")
-                entry = {"shape": name, "rows": rows, "cols": cols, "format": fmt, "kernel": label, "us": round(us, 1),
-                         "tflops": round(2 * tokens * rows * cols / us / 1e6, 1), "rel_err": float(f"{err:.2e}"),
-                         "ok": err < 2e-3, "dispatches": part_us}
-                ops.close()
+                # run and out hold the product's buffers (inputs, output) out of the scratch pool until it is timed
+                prepared.append({"label": label, "variant": (family, tile, sp, tokens_first), "ops": ops, "calls": calls,
+                                 "err": err, "ran": ran, "keep": (run, out)})
             except Exception as exc:  # noqa: BLE001 - reported per variant
                 entry = {"shape": name, "kernel": label, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-                # A GPU error can leave the context's encoder unusable: the next variant gets a new one.
+                report["results"].append(entry)
+                print(json.dumps(entry), file=sys.stderr, flush=True)
+                # A GPU error can leave the context's encoder unusable: the variants prepared so far
+                # are timed on it, and the next variant gets a new one.
+                try:
+                    time_prepared(ctx, prepared, where, args, report, best)
+                except Exception as exc2:  # noqa: BLE001
+                    print(json.dumps({"shape": name, "error": f"timing after an error: {exc2}"}), file=sys.stderr, flush=True)
+                    prepared.clear()
                 ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=toggles)
-            report["results"].append(entry)
-            print(json.dumps(entry), file=sys.stderr, flush=True)
-            if entry.get("ok") and family and entry["us"] < best.get(name, {}).get("us", 1e30):
-                best[name] = dict(entry, family=family, tile=list(tile), splits=sp, tokens_first=tokens_first)
+        time_prepared(ctx, prepared, where, args, report, best)
     report["best"] = {k: [v["kernel"], v["us"], v["tflops"]] for k, v in best.items()}
     # Per shape, what WgpuOps should run (bench_gpu.py --sgmat-choice): the fastest correct tile and
     # split, or the SIMT kernel where it was faster.

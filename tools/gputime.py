@@ -1,0 +1,91 @@
+"""Timing recorded GPU work for the tools: record what a function dispatches, replay it, and time
+lists of dispatches back to back on a warm GPU with timestamp queries (tools/ablate_gpu.py,
+tools/sweep_sgmat.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def record(ctx, run) -> tuple[list, object]:
+    """The dispatches (pipeline, group, grid) that ``run()`` records, in order, and what it returned
+    (read back, so the recorded work ran)."""
+    calls = []
+    original = ctx.dispatch_group
+
+    def recording(pipeline, group, grid):
+        calls.append((pipeline, group, tuple(grid)))
+        original(pipeline, group, grid)
+
+    ctx.dispatch_group = recording
+    try:
+        result = run()
+    finally:
+        del ctx.dispatch_group  # the bound method again
+    return calls, result
+
+
+def replay(ctx, calls: list) -> None:
+    """Record ``calls`` into the context's open pass, as the forward did."""
+    for pipeline, group, grid in calls:
+        ctx.dispatch_group(pipeline, group, grid)
+
+
+def time_lists(ctx, lists: dict[str, list], passes: int, reps: int, warm_s: float) -> dict[str, float]:
+    """Median seconds of one run of each list of dispatches (pipeline, bind group, grid):
+    ``passes`` rounds, each one timestamped compute pass per list holding ``reps`` runs of it back
+    to back, all in one command buffer after about ``warm_s`` of the first list, so every list
+    runs at the clock a busy GPU keeps (an H100 idles at 345 MHz and takes a while to reach its
+    1,980: a product timed right after an idle spell, such as a compile, runs several times slower)."""
+    import wgpu
+
+    names = list(lists)
+    n = len(names)
+    qs = ctx.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n * passes)
+    encoder = ctx.device.create_command_encoder()
+
+    def run_pass(calls, count, writes=None):
+        cp = encoder.begin_compute_pass(timestamp_writes=writes) if writes else encoder.begin_compute_pass()
+        for _ in range(count):
+            for pipeline, group, grid in calls:
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, group)
+                cp.dispatch_workgroups(*grid)
+        cp.end()
+
+    first = lists[names[0]]
+    run_pass(first, max(1, int(warm_s / max(time_once(ctx, first), 1e-6))))
+    for p in range(passes):
+        for v, name in enumerate(names):
+            q = 2 * (p * n + v)
+            run_pass(lists[name], reps, {"query_set": qs, "beginning_of_pass_write_index": q, "end_of_pass_write_index": q + 1})
+    resolve = ctx.device.create_buffer(size=16 * n * passes, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    encoder.resolve_query_set(qs, 0, 2 * n * passes, resolve, 0)
+    ctx.queue.submit([encoder.finish()])
+    ticks = np.frombuffer(ctx.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+    per = (ticks[1::2] - ticks[0::2]).reshape(passes, n) * 1e-9 / reps
+    resolve.destroy()
+    qs.destroy()
+    return dict(zip(names, (float(t) for t in np.median(per, axis=0))))
+
+
+def time_once(ctx, calls: list) -> float:
+    """Seconds of one timestamped run of ``calls`` (for sizing the warm-up)."""
+    import wgpu
+
+    qs = ctx.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+    encoder = ctx.device.create_command_encoder()
+    cp = encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
+                                                      "end_of_pass_write_index": 1})
+    for pipeline, group, grid in calls:
+        cp.set_pipeline(pipeline)
+        cp.set_bind_group(0, group)
+        cp.dispatch_workgroups(*grid)
+    cp.end()
+    resolve = ctx.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    encoder.resolve_query_set(qs, 0, 2, resolve, 0)
+    ctx.queue.submit([encoder.finish()])
+    ticks = np.frombuffer(ctx.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+    resolve.destroy()
+    qs.destroy()
+    return float(ticks[1] - ticks[0]) * 1e-9
