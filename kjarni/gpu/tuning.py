@@ -177,8 +177,11 @@ class GpuTuning:
     H200, Qwen2.5-0.5B, 512 tokens on Dawn: Q8_0 50,665 prefill tok/s against 22,753 with the SIMT
     kernel, Q4_K 47,634 against 22,853 (docs/benchmarks.md, eighth session). False: the SIMT matmul
     in float32."""
-    tc_quant_tile: tuple[int, int, int, int, int, int] = (4, 4, 2, 2, 2, 1)
-    """matmul_tc's tile for quantized weights where ``tc_quant_tiles`` names none (a SHARED tile)."""
+    tc_quant_tile: tuple[int, int, int, int, int, int] = (4, 2, 2, 4, 2, 5)
+    """matmul_tc's tile for quantized weights where ``tc_quant_tiles`` names none (a SHARED tile).
+    4x2_2x4_k2_w: the Qwen2.5-1.5B Q4_K prefill (every product on this tile) 24,730 tok/s against
+    19,777 with SHARED 1's 4x4_2x2_k2_s, bench_gpu in one call on an H100 (seventeenth session,
+    docs/benchmarks.md)."""
     tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_TC_QUANT_TILES))
     """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
