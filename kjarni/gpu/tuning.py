@@ -29,7 +29,9 @@ H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] 
 # (segment rows, cols) -> tile: the tensor-core sweep's fastest kernel per Qwen2.5 prefill product at
 # 512 tokens on Dawn (tools/sweep_sgmat.py --tiles 64x128x32_2x4 --tc-tiles 12 tiles of SHARED 1-5,
 # fifteenth session, on an H100: docs/benchmarks.md): matmul_tc (TM, TN, SM, SN, KU, SHARED); the
-# first kernel matmul_sgmat (BM, BN, BK, SM, SN) where it won (H200_SGMAT_TILES).
+# first kernel matmul_sgmat (BM, BN, BK, SM, SN) where it won (H200_SGMAT_TILES). That sweep timed each
+# product right after its compile, when an H100 may idle at 345 MHz (seventeenth session), so its
+# microseconds below mix clocks; the 1.5B gate_up and down were re-measured on a warm GPU.
 H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = {
     (1152, 896): (4, 4, 2, 2, 4, 2),  # 0.5B qkv: 47.8 us (the first kernel 64.2)
     (9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up (fused norm): 100.1 us (SHARED 1's 4x4_2x2 190.7)
@@ -37,10 +39,10 @@ H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None]
     (2048, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B qkv: 69.7 us
     (1536, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B o_proj: 65.0 us (the first kernel 75.8)
     # 1.5B gate_up: in the model (tools/ablate_gpu.py --prefill --choices, seventeenth session, H100)
-    # 232.6 us a layer against SHARED 1's 473.1 (4x2_2x4_k2_w 234.5); the sweep had ranked SHARED 1
-    # first (487.8 against 990-1090), its products timed while the GPU idled at 345 MHz between them.
+    # 232.6 us a layer against SHARED 1's 473.1 (4x2_2x4_k2_w 234.5); the warm sweep agrees (239.2
+    # against 465.0). The fifteenth session's sweep had ranked SHARED 1 first (487.8 against 990-1090).
     (17920, 1536): (2, 4, 4, 2, 2, 3),
-    (1536, 8960): (4, 2, 2, 4, 2, 5),  # 1.5B down_proj: 638.0 us (SHARED 1's 4x4_2x2 1,333.9)
+    (1536, 8960): (4, 2, 2, 4, 2, 5),  # 1.5B down_proj: warm sweep 147.4 us (2x4_4x2_k2_p 145.0, SHARED 1 245.9)
 }
 # (GGUF format, segment rows, cols) -> matmul_tc SHARED tile for quantized prefill weights (tc_quant):
 # the sweep's fastest per Qwen2.5-0.5B product at 512 tokens on Dawn (tools/sweep_sgmat.py --format
