@@ -7,6 +7,11 @@ token), GPU memory of the weights, dispatches per decode step and, where the ada
 timestamp queries, GPU time per kernel for one decode step. With torch + CUDA importable it also
 times Hugging Face transformers (eager, f16, random weights) on the same shapes.
 
+``fma_probe_us`` (where timestamps exist): a fixed f32 FMA kernel timed before and after the timed
+part (tools/gputime.py). Its figure follows the GPU's clock at that moment, so within one call a run
+whose probe took several times the others' ran at a low clock (an H100 can sit at its idle 345 MHz
+through a whole prefill benchmark, warm-up included: seventeenth session, docs/benchmarks.md).
+
     python tools/bench_gpu.py                      # Qwen2.5-0.5B shape, f16 + Q8_0 + Q4_K
     python tools/bench_gpu.py --model all          # + SmolLM2-135M and Qwen2.5-1.5B shapes
     python tools/bench_gpu.py --small              # a quick check on a CPU adapter (lavapipe)
@@ -28,6 +33,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gputime import fma_probe_us  # noqa: E402
 
 if TYPE_CHECKING:
     from kjarni.gpu.tuning import GpuTuning
@@ -157,6 +164,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
         token = int(ops.argmax(model.forward([token], cache))[0])
 
     _warm_up(ops, model, prompt, cache)
+    probe = [fma_probe_us(ctx)] if ctx.has_timestamps else []  # the clock now and after the decode timings
     prefill_s = float("inf")  # best of 3
     for _ in range(3):
         cache.offset = 0
@@ -203,6 +211,8 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
     split_s = time.perf_counter() - t0
     ops.tuning.attention_single_max, ops.tuning.fuse_rope = single_max, fuse_rope
 
+    probe += [fma_probe_us(ctx)] if ctx.has_timestamps else []
+
     # --core: prefill, greedy decode, recording and the per-step GPU time only (a short device call).
     verify_ms = _verify_costs(model, ops, cache, token, steps) if not core else None
     sampling = _sampling_costs(model, ops, cache, prompt, token, steps) if not core else {}
@@ -218,6 +228,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
         "decode_tok_s_one_readback_per_step": round(steps / sync_s, 1),
         "decode_tok_s_submit_every_48": round(steps / overlapped_s, 1),
         "decode_tok_s_split_attention": round(steps / split_s, 1),
+        "fma_probe_us": probe,
         "record_ms_per_step": round(1000 * record_s, 3),
         "dispatches_per_step": dispatches,
         "step_tapes": {"captured": ops.tapes.captured, "replayed": ops.tapes.replayed},  # GpuTuning.step_capture
@@ -356,14 +367,16 @@ def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> 
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
     _warm_up(ops, model, prompt, cache)  # pipelines, clocks
+    probe = [fma_probe_us(ctx)] if ctx.has_timestamps else []
     times = []
     for _ in range(repeats):
         cache.offset = 0
         t0 = time.perf_counter()
         int(ops.argmax(model.forward(prompt, cache))[0])
         times.append(time.perf_counter() - t0)
+    probe += [fma_probe_us(ctx)] if ctx.has_timestamps else []
     result = {"shape": shape, "format": fmt, "context": context, "prefill_tok_s": round(context / min(times), 1),
-              "prefill_ms": round(1000 * min(times), 2)}
+              "prefill_ms": round(1000 * min(times), 2), "fma_probe_us": probe}
     if ctx.has_timestamps:
         cache.offset = 0
         ctx.profile(True)

@@ -89,3 +89,40 @@ def time_once(ctx, calls: list) -> float:
     resolve.destroy()
     qs.destroy()
     return float(ticks[1] - ticks[0]) * 1e-9
+
+
+FMA_WGSL = """
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var a = f32(gid.x) * 1e-9;
+    var b = a + 0.5;
+    var c = a + 0.25;
+    var d = a + 0.125;
+    for (var i = 0u; i < ITERSu; i++) {
+        a = fma(a, 0.9999, 1e-4);
+        b = fma(b, 0.9999, 1e-4);
+        c = fma(c, 0.9999, 1e-4);
+        d = fma(d, 0.9999, 1e-4);
+    }
+    out[gid.x] = a + b + c + d;
+}
+"""
+FMA_GROUPS = 1024
+FMA_ITERS = 4096  # 4 chains a thread: 2^32 FMAs in all
+
+
+def fma_probe_us(ctx) -> float:
+    """Microseconds of a fixed f32 FMA kernel (2^32 FMAs over 262,144 threads), timed alone right
+    now: the GPU's clock at this moment, for comparing runs within one call (an H100 at its idle 345
+    MHz takes several times as long as at 1,980). Not a peak rate: its chains are short of that."""
+    import wgpu
+
+    buf = ctx.device.create_buffer(size=FMA_GROUPS * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
+    module = ctx.device.create_shader_module(code=FMA_WGSL.replace("ITERS", str(FMA_ITERS)), label="fma_probe")
+    pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                         entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}])
+    us = 1e6 * time_once(ctx, [(pipeline, group, (FMA_GROUPS, 1, 1))])
+    buf.destroy()
+    return round(us, 1)
