@@ -48,14 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_gpu  # noqa: E402
-from gputime import record, replay, time_lists  # noqa: E402
-
-EMPTY_WGSL = """
-@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
-@compute @workgroup_size(1)
-fn main() { buf[0] = buf[0] + 1u; }
-"""
-
+from gputime import empty_calls, record, replay, time_lists  # noqa: E402
 
 def label(pipeline, grid) -> str:
     return f"{pipeline.kjarni_name} {grid[0]}x{grid[1]}x{grid[2]}"
@@ -67,19 +60,6 @@ def variants(calls: list) -> dict[str, list]:
     for name in dict.fromkeys(label(p, g) for p, _, g in calls):
         out[name] = [c for c in calls if label(c[0], c[2]) != name]
     return out
-
-
-def empty_calls(ctx, n: int) -> list:
-    """``n`` dispatches of an empty one-workgroup kernel, each reading what the previous wrote."""
-    import wgpu
-
-    buf = ctx.device.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
-    module = ctx.device.create_shader_module(code=EMPTY_WGSL, label="empty")
-    pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    pipeline.kjarni_name = "empty:main"
-    group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                         entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 256}}])
-    return [(pipeline, group, (1, 1, 1))] * n
 
 
 def profiled(ctx, calls: list) -> dict[str, float]:

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gputime import fma_probe_us  # noqa: E402
+from gputime import FmaProbe  # noqa: E402
 
 if TYPE_CHECKING:
     from kjarni.gpu.tuning import GpuTuning
@@ -163,8 +163,9 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
     for _ in range(3):
         token = int(ops.argmax(model.forward([token], cache))[0])
 
+    fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
     _warm_up(ops, model, prompt, cache)
-    probe = [fma_probe_us(ctx)] if ctx.has_timestamps else []  # the clock now and after the decode timings
+    probe = [fma_probe()] if fma_probe else []  # the clock now and after the decode timings
     prefill_s = float("inf")  # best of 3
     for _ in range(3):
         cache.offset = 0
@@ -211,7 +212,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
     split_s = time.perf_counter() - t0
     ops.tuning.attention_single_max, ops.tuning.fuse_rope = single_max, fuse_rope
 
-    probe += [fma_probe_us(ctx)] if ctx.has_timestamps else []
+    probe += [fma_probe()] if fma_probe else []
 
     # --core: prefill, greedy decode, recording and the per-step GPU time only (a short device call).
     verify_ms = _verify_costs(model, ops, cache, token, steps) if not core else None
@@ -366,15 +367,16 @@ def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> 
     model = build(shape, fmt, ops)
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
+    fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
     _warm_up(ops, model, prompt, cache)  # pipelines, clocks
-    probe = [fma_probe_us(ctx)] if ctx.has_timestamps else []
+    probe = [fma_probe()] if fma_probe else []
     times = []
     for _ in range(repeats):
         cache.offset = 0
         t0 = time.perf_counter()
         int(ops.argmax(model.forward(prompt, cache))[0])
         times.append(time.perf_counter() - t0)
-    probe += [fma_probe_us(ctx)] if ctx.has_timestamps else []
+    probe += [fma_probe()] if fma_probe else []
     result = {"shape": shape, "format": fmt, "context": context, "prefill_tok_s": round(context / min(times), 1),
               "prefill_ms": round(1000 * min(times), 2), "fma_probe_us": probe}
     if ctx.has_timestamps:

@@ -53,8 +53,9 @@ def time_lists(ctx, lists: dict[str, list], passes: int, reps: int, warm_s: floa
                 cp.dispatch_workgroups(*grid)
         cp.end()
 
-    first = lists[names[0]]
-    run_pass(first, max(1, int(warm_s / max(time_once(ctx, first), 1e-6))))
+    if warm_s > 0:
+        first = lists[names[0]]
+        run_pass(first, max(1, int(warm_s / max(time_once(ctx, first), 1e-6))))
     for p in range(passes):
         for v, name in enumerate(names):
             q = 2 * (p * n + v)
@@ -70,25 +71,32 @@ def time_lists(ctx, lists: dict[str, list], passes: int, reps: int, warm_s: floa
 
 
 def time_once(ctx, calls: list) -> float:
-    """Seconds of one timestamped run of ``calls`` (for sizing the warm-up)."""
+    """Seconds of one timestamped run of ``calls``, now, without a warm-up."""
+    return time_lists(ctx, {"once": calls}, 1, 1, 0.0)["once"]
+
+
+EMPTY_WGSL = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) i: u32) {
+    out[i] = out[i] + 1u;
+}
+"""
+"""One workgroup that reads and writes a word per thread: a chain of its dispatches, each waiting
+for the previous, is the floor of a chain of kernels (tools/sweep_matvec.py, tools/ablate_gpu.py)."""
+
+
+def empty_calls(ctx, n: int) -> list:
+    """``n`` dispatches of `EMPTY_WGSL`, each reading what the previous wrote."""
     import wgpu
 
-    qs = ctx.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    encoder = ctx.device.create_command_encoder()
-    cp = encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
-                                                      "end_of_pass_write_index": 1})
-    for pipeline, group, grid in calls:
-        cp.set_pipeline(pipeline)
-        cp.set_bind_group(0, group)
-        cp.dispatch_workgroups(*grid)
-    cp.end()
-    resolve = ctx.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-    encoder.resolve_query_set(qs, 0, 2, resolve, 0)
-    ctx.queue.submit([encoder.finish()])
-    ticks = np.frombuffer(ctx.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
-    resolve.destroy()
-    qs.destroy()
-    return float(ticks[1] - ticks[0]) * 1e-9
+    buf = ctx.device.create_buffer(size=256, usage=wgpu.BufferUsage.STORAGE)
+    module = ctx.device.create_shader_module(code=EMPTY_WGSL, label="empty")
+    pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    pipeline.kjarni_name = "empty:main"
+    group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                         entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 256}}])
+    return [(pipeline, group, (1, 1, 1))] * n
 
 
 FMA_WGSL = """
@@ -112,17 +120,23 @@ FMA_GROUPS = 1024
 FMA_ITERS = 4096  # 4 chains a thread: 2^32 FMAs in all
 
 
-def fma_probe_us(ctx) -> float:
-    """Microseconds of a fixed f32 FMA kernel (2^32 FMAs over 262,144 threads), timed alone right
-    now: the GPU's clock at this moment, for comparing runs within one call (an H100 at its idle 345
-    MHz takes several times as long as at 1,980). Not a peak rate: its chains are short of that."""
-    import wgpu
+class FmaProbe:
+    """A fixed f32 FMA kernel (2^32 FMAs over 262,144 threads), compiled once; calling it times it
+    alone, right now, in microseconds: the GPU's clock at this moment, for comparing runs within
+    one call (an H100 at its idle 345 MHz takes several times as long as at 1,980). Not a peak
+    rate: its chains are short of that. Build it before a benchmark's warm-up, so that no compile
+    idles the GPU between the warm-up and the timed part."""
 
-    buf = ctx.device.create_buffer(size=FMA_GROUPS * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
-    module = ctx.device.create_shader_module(code=FMA_WGSL.replace("ITERS", str(FMA_ITERS)), label="fma_probe")
-    pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
-    group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                         entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}])
-    us = 1e6 * time_once(ctx, [(pipeline, group, (FMA_GROUPS, 1, 1))])
-    buf.destroy()
-    return round(us, 1)
+    def __init__(self, ctx) -> None:
+        import wgpu
+
+        self.ctx = ctx
+        buf = ctx.device.create_buffer(size=FMA_GROUPS * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
+        module = ctx.device.create_shader_module(code=FMA_WGSL.replace("ITERS", str(FMA_ITERS)), label="fma_probe")
+        pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                             entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}])
+        self.calls = [(pipeline, group, (FMA_GROUPS, 1, 1))]
+
+    def __call__(self) -> float:
+        return round(1e6 * time_once(self.ctx, self.calls), 1)

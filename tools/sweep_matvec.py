@@ -76,7 +76,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gputime import EMPTY_WGSL
 from kjarni.gpu import kernels, quant
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.linear import LINEAR_KINDS, Linear
@@ -116,15 +118,6 @@ MODELS = {  # --model: the decode matrices of other shapes (tools/bench_gpu.py's
         "lm_head": (49152, 576, LINEAR_NORM),
     },
 }
-EMPTY_WGSL = """
-@group(0) @binding(0) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(32)
-fn main(@builtin(local_invocation_index) i: u32) {
-    out[i] = out[i] + 1u;
-}
-"""
-
-
 def mv_configs(cols: int):
     """(WG, LANES, R, UN) of matvec.tmpl.wgsl worth timing for rows of ``cols`` columns."""
     for lanes in (16, 32, 64, 128, 256):
