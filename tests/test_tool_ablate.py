@@ -28,6 +28,8 @@ def test_recorded_decode_step_replays_to_the_same_logits_and_every_label_is_left
     assert len(calls) == ctx.stats.dispatches - before > 0
     assert "dispatch_group" not in vars(ctx)  # the recorder is gone again
 
+    # The same kernels on the same inputs and buffers, none of them with atomics or a CPU BLAS in
+    # between: bit for bit by construction, on any machine (as tests/test_gpu_step_capture.py's replays).
     ctx.queue.write_buffer(out.buffer, 0, np.zeros(logits.size, np.float32))
     gputime.replay(ctx, calls)
     assert np.array_equal(ops.read(out), logits)
