@@ -164,7 +164,7 @@ def bench_gpu(shape: str, fmt: str, context: int, steps: int, ctx, core: bool = 
         token = int(ops.argmax(model.forward([token], cache))[0])
 
     fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
-    _warm_up(ops, model, prompt, cache)
+    _warm_up(ops, model, prompt, cache, probe=fma_probe)
     probe = [fma_probe()] if fma_probe else []  # the clock now and after the decode timings
     prefill_s = float("inf")  # best of 3
     for _ in range(3):
@@ -348,15 +348,19 @@ def _sampling_costs(model, ops, cache, prompt, token: int, steps: int) -> dict:
     }
 
 
-def _warm_up(ops, model, prompt, cache, seconds: float = 1.0) -> None:
+def _warm_up(ops, model, prompt, cache, seconds: float = 1.0, probe: FmaProbe | None = None) -> None:
     """Prefills ``prompt`` (from position 0) for at least ``seconds`` and 3 times: the H200 runs the
     first prompts after an idle spell at lower clocks (measured: 50 ms of wall time for 25 ms of
-    GPU time), which made single timings swing by 2-3x between calls."""
+    GPU time), which made single timings swing by 2-3x between calls. Then, with a ``probe``,
+    0.3 s of its kernel back to back: the prefills alone left an H100 at a low clock more than
+    once (their recording idles the GPU in between; eighteenth session, docs/benchmarks.md)."""
     t0, n = time.perf_counter(), 0
     while n < 3 or time.perf_counter() - t0 < seconds:
         cache.offset = 0
         int(ops.argmax(model.forward(prompt, cache))[0])
         n += 1
+    if probe is not None:
+        probe.spin(0.3)
 
 
 def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> dict:
@@ -368,7 +372,7 @@ def bench_prefill(shape: str, fmt: str, context: int, ctx, repeats: int = 3) -> 
     prompt = (np.arange(context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(context + 8)
     fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
-    _warm_up(ops, model, prompt, cache)  # pipelines, clocks
+    _warm_up(ops, model, prompt, cache, probe=fma_probe)  # pipelines, clocks
     probe = [fma_probe()] if fma_probe else []
     times = []
     for _ in range(repeats):

@@ -131,7 +131,8 @@ class FmaProbe:
         import wgpu
 
         self.ctx = ctx
-        buf = ctx.device.create_buffer(size=FMA_GROUPS * 256 * 4, usage=wgpu.BufferUsage.STORAGE)
+        buf = ctx.device.create_buffer(size=FMA_GROUPS * 256 * 4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        self.buf = buf
         module = ctx.device.create_shader_module(code=FMA_WGSL.replace("ITERS", str(FMA_ITERS)), label="fma_probe")
         pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
@@ -140,3 +141,29 @@ class FmaProbe:
 
     def __call__(self) -> float:
         return round(1e6 * time_once(self.ctx, self.calls), 1)
+
+    def spin(self, seconds: float) -> int:
+        """Keeps the GPU busy with the kernel for about ``seconds`` of wall time (command buffers of
+        1, 2, 4 .. 64 dispatches, each waited for, growing while one takes under 20 ms) and returns
+        the dispatches run: the clock a benchmark's timed part starts at. Prefills alone did not
+        always raise it (their recording leaves the GPU idle in between: eighteenth session,
+        docs/benchmarks.md)."""
+        import time
+
+        pipeline, group, grid = self.calls[0]
+        t0, n, batch = time.perf_counter(), 0, 1
+        while n == 0 or time.perf_counter() - t0 < seconds:
+            t1 = time.perf_counter()
+            encoder = self.ctx.device.create_command_encoder()
+            cp = encoder.begin_compute_pass()
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, group)
+            for _ in range(batch):
+                cp.dispatch_workgroups(*grid)
+            cp.end()
+            self.ctx.queue.submit([encoder.finish()])
+            self.ctx.queue.read_buffer(self.buf, 0, 4)  # waits for the batch
+            n += batch
+            if time.perf_counter() - t1 < 0.02:
+                batch = min(64, 2 * batch)
+        return n
