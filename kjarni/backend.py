@@ -183,6 +183,13 @@ class Ops(Protocol):
         """
         ...
 
+    def swiglu_mlp(
+        self, x: Activation, norm_weight: Weight, eps: float, gate_up: Weight, down: Weight, residual: Activation | None = None
+    ) -> Activation:
+        """The SwiGLU MLP: ``linear(silu_mul(norm_linear(x, norm_weight, eps, gate_up)), down,
+        residual=residual)``, fused where the backend can."""
+        ...
+
     def silu_mul(self, x: Activation) -> Activation:
         """``silu(x[:, :n]) * x[:, n:]`` for ``x`` of width ``2n`` (fused gate and up)."""
         ...

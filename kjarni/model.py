@@ -209,8 +209,11 @@ class DecoderModel:
             q = ops.rope_store(qkv, rope, kv_cache, i, start)
             attn = ops.attention(q, kv_cache, i, start, self.windows[i])
             x = ops.linear(attn, block.o_proj, residual=x)
-            gate_up = ops.norm_linear(x, block.post_norm, eps, block.gate_up)
-            x = ops.linear(self.mlp_activation(ops, gate_up), block.down_proj, residual=x)
+            if self.mlp_activation is swiglu:
+                x = ops.swiglu_mlp(x, block.post_norm, eps, block.gate_up, block.down_proj, residual=x)
+            else:
+                gate_up = ops.norm_linear(x, block.post_norm, eps, block.gate_up)
+                x = ops.linear(self.mlp_activation(ops, gate_up), block.down_proj, residual=x)
         kv_cache.offset = start + tokens
         if logits == "last":
             x = ops.rows(x, tokens - 1, 1)

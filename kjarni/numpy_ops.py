@@ -262,6 +262,17 @@ class NumpyOps:
     ) -> np.ndarray:
         return self.linear(self.rms_norm(x, norm_weight, eps), weight, bias)
 
+    def swiglu_mlp(
+        self,
+        x: np.ndarray,
+        norm_weight: np.ndarray,
+        eps: float,
+        gate_up: np.ndarray,
+        down: np.ndarray,
+        residual: np.ndarray | None = None,
+    ) -> np.ndarray:
+        return self.linear(self.silu_mul(self.norm_linear(x, norm_weight, eps, gate_up)), down, residual=residual)
+
     def rope_store(
         self, qkv: np.ndarray, rope: np.ndarray | None, kv_cache: NumpyKVCache, layer: int, start: int
     ) -> np.ndarray:

@@ -49,7 +49,11 @@ enable chromium_experimental_subgroup_matrix;
 {{WEIGHT}}
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
+// #if silu
+@group(0) @binding(7) var<storage, read_write> y: array<vec2<f16>>;
+// #else
 @group(0) @binding(7) var<storage, read_write> y: array<f32>;
+// #endif
 
 const TM: u32 = {{TM}}u;
 const TN: u32 = {{TN}}u;
@@ -73,10 +77,30 @@ fn tok(wy: u32, sm: u32, i: u32) -> u32 {
     return min((wy * SM + sm) * TM * 16u + i * 16u, params.tokens - 16u);
 }
 
-// The first row (within the segment) of result matrix j of subgroup column sn.
+// The first weight row (within the segment) of result matrix j of subgroup column sn; j may run
+// past TN into the next subgroup columns (the operand copies count the workgroup's matrices so).
 fn row(wx: u32, sn: u32, j: u32) -> u32 {
+// #if silu
+    // Matrices 0 .. TN / 2 of a subgroup column are gate rows, the others the up rows of the same
+    // outputs, params.rows / 2 further down [gate | up].
+    let half = params.rows / 2u;
+    let s = wx * SN + sn + j / TN;
+    let jj = j % TN;
+    return min(s * TN * 8u + jj % (TN / 2u) * 16u, half - 16u) + jj / (TN / 2u) * half;
+// #else
     return min((wx * SN + sn) * TN * 16u + j * 16u, params.rows - 16u);
+// #endif
 }
+// #if silu
+
+// silu(g) u rounded to f16 (as matmul_tc_prep.wgsl computes it), two outputs of a result matrix
+// pair at a time: pair p of the 16 x 16 matrix at tokens t.., outputs c.. of y ([tokens,
+// params.rows / 2] f16, read in pairs).
+fn silu_out(t: u32, c: u32, p: u32, g: vec2<f32>, u: vec2<f32>) {
+    let o = (t + p / 8u) * (params.rows / 2u) + c + 2u * (p % 8u);
+    y[o / 2u] = vec2<f16>(g / (vec2<f32>(1.0) + exp(-g)) * u);
+}
+// #endif
 
 // A result matrix holding bias (+ residual) at tokens t.., rows r..: through this subgroup's cs.
 fn bias_tile(sg: u32, lane: u32, t: u32, r: u32) -> subgroup_matrix_result<f32, 16, 16> {
@@ -129,5 +153,9 @@ fn main(
     for (var k0 = k_begin; k0 < k_end; k0 += BK) {
 {{STEP}}
     }
+// #if silu
+{{STORE_SILU}}
+// #else
 {{STORE}}
+// #endif
 }

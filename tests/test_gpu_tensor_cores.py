@@ -99,6 +99,74 @@ def test_double_buffered_tiles_store_the_next_step_where_no_subgroup_reads(fmt, 
     assert kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, shared) == 4 * 1024 + 2 * kernels.tc_workgroup_bytes(4, 4, 2, 2, 2, 2) - 2 * 4 * 1024
 
 
+def _wgsl_fn(text: str, name: str) -> list[tuple[str, str]]:
+    """The ``let`` lines and the ``return`` of WGSL function ``name`` in ``text``: (name or
+    "return", expression), in order."""
+    body = text.split(f"fn {name}(", 1)[1].split("\n}\n", 1)[0]
+    return [(m[0] or m[1], m[2]) for m in re.findall(r"^\s*(?:let (\w+) =|(return)) (.+);$", body, re.M)]
+
+
+@pytest.mark.parametrize("tile", [(2, 4, 4, 2, 2, 3), (4, 2, 2, 4, 2, 5), (2, 2, 2, 2, 2, 1), (2, 4, 2, 2, 2, 0)])
+@pytest.mark.parametrize("half", [192, 208])  # 208: no whole number of 64-output workgroups
+def test_silu_flag_pairs_gate_rows_with_their_up_rows_and_covers_every_output(tile, half):
+    """No GPU: under the silu flag, evaluating the rendered row() and the epilogue's output column
+    for every workgroup, subgroup column and matrix: matrix j < TN / 2 reads the gate rows of the
+    outputs it writes and j + TN / 2 the up rows ``half`` further down [gate | up]; the operand
+    copies' row(wx, 0u, b) is subgroup column b / TN's matrix b % TN; the outputs cover 0 .. half
+    in whole 16-column matrices (the last workgroup's clamped ones repeat their neighbours')."""
+    from kjarni.gpu import kernels
+
+    tm, tn, sm, sn, ku, shared = tile
+    text = kernels.template("matmul_tc", kernels.tc_variant(*tile, 32), frozenset({"silu"}))
+    body = _wgsl_fn(text, "row")
+
+    def row(wx, s, j):
+        env = {"TN": tn, "SN": sn, "wx": wx, "sn": s, "j": j, "min": min, "params_rows": 2 * half}
+        for name, expr in body:
+            value = _eval_wgsl(expr.replace("params.rows", "params_rows"), env)
+            if name == "return":
+                return value
+            env[name] = value
+
+    outs = re.findall(r"let c = (.+);", kernels.tc_fields(*tile, 32)["STORE_SILU"])
+    assert len(outs) == tm * tn // 2
+    covered = set()
+    for wx in range(-(-half // (8 * sn * tn))):
+        for s in range(sn):
+            for j in range(tn // 2):
+                c = _eval_wgsl(outs[j].replace("params.rows", "params_rows"), {"wx": wx, "sn": s, "SN": sn, "TN": tn, "min": min,
+                                                                               "params_rows": 2 * half})
+                assert row(wx, s, j) == c and row(wx, s, j + tn // 2) == half + c
+                assert c % 16 == 0 and 0 <= c <= half - 16
+                covered.add(c)
+        for b in range(sn * tn):
+            assert row(wx, 0, b) == row(wx, b // tn, b % tn)
+    assert covered == set(range(0, half, 16))
+
+
+def test_silu_flag_renders_f16_outputs_and_no_f32_store():
+    """No GPU: the silu flag swaps y for f16 pairs and the result stores for silu_out; without it
+    the kernel is the plain one."""
+    from kjarni.gpu import kernels
+
+    variant = kernels.tc_variant(2, 4, 4, 2, 2, 3, 32)
+    plain, silu = kernels.template("matmul_tc", variant), kernels.template("matmul_tc", variant, frozenset({"silu"}))
+    assert "var<storage, read_write> y: array<f32>;" in plain and "silu_out" not in plain
+    assert "var<storage, read_write> y: array<vec2<f16>>;" in silu and "subgroupMatrixStore<row_major>(&y," not in silu
+    assert silu.count("        silu_out(t") == 2 * 2 * 4  # TM x TN / 2 pairs, 128 / SG output pairs a lane each
+
+
+def test_every_silu_variant_compiles_with_tint(tint_compile):
+    """Dawn's WGSL compiler accepts the silu flag on every f16 tile with an even TN, and on a
+    quantized one (Null device: no GPU needed)."""
+    from kjarni.gpu import kernels
+
+    names = [kernels.tc_variant(*tile, 32) for tile in kernels.TC_TILES if tile[1] % 2 == 0 and kernels.tc_tile_renders(tile, 32)]
+    names += [kernels.tc_variant(4, 2, 2, 4, 2, 5, 32, "Q4_K"), kernels.tc_variant(4, 4, 2, 2, 2, 1, 64, "Q8_0")]
+    for name in names:
+        tint_compile(kernels.template("matmul_tc", name, frozenset({"silu"})), name + "+silu")
+
+
 def _ran(ops, weight, tokens) -> str:
     return next(p for key, p in weight.plans.items() if key[0] == tokens)[0][0][0].kjarni_name
 
@@ -216,6 +284,56 @@ def test_tc_matmul_matches_numpy_with_f16_activations(tc_ops, tile, splits, toke
     # The norm's f32 scale differs in its last bits, which can flip an f16 rounding: one f16 ulp
     # of one activation (2^-11 relative) times a weight.
     np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["f16", "Q4_K"])
+@pytest.mark.parametrize("tile", [(2, 4, 4, 2, 2, 3), (4, 2, 2, 4, 2, 5), (2, 2, 2, 2, 2, 1), (2, 4, 2, 2, 2, 0)])
+@pytest.mark.parametrize("tokens,half", [(70, 256), (150, 208)])
+def test_swiglu_mlp_with_silu_in_gate_ups_epilogue_matches_numpy(tc_ops, tile, fmt, tokens, half):
+    """ops.swiglu_mlp on tensor cores: gate_up (fused norm) writes silu(gate) up in f16 from its
+    epilogue (the silu flag) and down reads it with no prep of its own; the result matches
+    NumpyOps with the same f16 roundings, and so does the unfused GPU path (tc_silu off: silu_mul
+    in down's prep) within the same bound."""
+    from gguf import GGMLQuantizationType as T
+
+    from kjarni.gpu import kernels
+    from tests.test_gpu_quant import random_quant
+
+    ops = tc_ops
+    sg = ops.context.f16_matrix_subgroup
+    quant = fmt != "f16"
+    if (kernels.tc_variant(*tile, sg, fmt) not in kernels.TEMPLATES["matmul_tc"]
+            or kernels.tc_workgroup_bytes(*tile) > ops.context.max_workgroup_storage):
+        pytest.skip("tile not made at this subgroup size or format, or beyond this device's workgroup memory")
+    hidden, half = 256, 256 if quant else half  # Q4_K blocks of 256 along down's K
+    key = "tc_quant_tiles" if quant else "tc_tiles"
+    getattr(ops.tuning, key).update({k: tile for k in ([(fmt, 2 * half, hidden), (fmt, hidden, half)] if quant else
+                                                      [(2 * half, hidden), (hidden, half)])})
+    ops.tuning.tc_splits = 1
+    rng = np.random.default_rng(tokens + half)
+    x, nw, r = rand(rng, tokens, hidden), rand(rng, hidden), rand(rng, tokens, hidden)
+    if quant:
+        q_gu, q_dn = random_quant(T.Q4_K, 2 * half, hidden, seed=1), random_quant(T.Q4_K, hidden, half, seed=2)
+        gu16, dn16 = f16_round(q_gu.dequantize()), f16_round(q_dn.dequantize())
+        g_gu, g_dn = ops.weight(q_gu, name="gate_up.weight"), ops.weight(q_dn, name="down.weight")
+        assert [s.format for s in g_gu.segments + g_dn.segments] == ["Q4_K", "Q4_K"]
+    else:
+        gu, dn = rand(rng, 2 * half, hidden), rand(rng, hidden, half)
+        gu16, dn16 = f16_round(gu), f16_round(dn)
+        g_gu, g_dn = ops.weight(gu, name="gate_up"), ops.weight(dn, name="down")
+    gx, gnw, gr = upload(ops, x), ops.weight(nw, name="n"), upload(ops, r)
+    got = ops.read(ops.swiglu_mlp(gx, gnw, 1e-5, g_gu, g_dn, residual=gr))
+    variant = "matmul_tc." + kernels.tc_variant(*tile, sg, fmt)
+    assert _ran_all(g_gu, tokens) == ["matmul_tc_prep:main", variant + "+silu:main"]
+    assert _ran_all(g_dn, tokens)[0] == variant + ":main"  # no prep: the f16 activations came from gate_up
+    want = ref16.swiglu_mlp(x, nw, 1e-5, gu16, dn16, residual=r)
+    # The norm's scale and silu's exp differ in their last f32 bits, which can flip f16 roundings:
+    # one f16 ulp of an activation (2^-11 relative) times a weight, as test_tc_matmul's norm.
+    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+    ops.tuning.tc_silu = False
+    unfused = ops.read(ops.swiglu_mlp(gx, gnw, 1e-5, g_gu, g_dn, residual=gr))
+    assert _ran_all(g_dn, tokens)[:2] == ["matmul_tc_prep:main", variant + ":main"]  # silu_mul in down's prep
+    np.testing.assert_allclose(got, unfused, atol=4e-5 * np.abs(want).max(), rtol=0)
 
 
 @pytest.mark.parametrize("splits", [1, 3])

@@ -354,9 +354,25 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
                                  "&ws, (cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u) / 8u, LDS / 8u")
             step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
+    # The silu flag (a gate_up product feeding a tensor-core down_proj): result matrices j < TN / 2
+    # hold gate rows, j + TN / 2 the matching up rows (row()); each pair goes through this
+    # subgroup's cs and leaves as silu(gate) up in f16, pairs of outputs a lane (silu_out).
+    silu = []
+    for i in range(tm):
+        for j in range(tn // 2):
+            silu += ["    {", f"        let c = min((wx * SN + sn) * TN * 8u + {16 * j}u, params.rows / 2u - 16u);",
+                     f"        subgroupMatrixStore<row_major>(&cs, sg * 256u, acc{i}_{j}, 16u);", "        workgroupBarrier();"]
+            silu += [f"        let g{e} = vec2<f32>(cs[sg * 256u + 2u * (lane + {e * sg}u)], cs[sg * 256u + 2u * (lane + {e * sg}u) + 1u]);"
+                     for e in range(128 // sg)]
+            silu += ["        workgroupBarrier();", f"        subgroupMatrixStore<row_major>(&cs, sg * 256u, acc{i}_{j + tn // 2}, 16u);",
+                     "        workgroupBarrier();"]
+            silu += [f"        silu_out(t{i}, c, lane + {e * sg}u, g{e}, vec2<f32>(cs[sg * 256u + 2u * (lane + {e * sg}u)], "
+                     f"cs[sg * 256u + 2u * (lane + {e * sg}u) + 1u]));" for e in range(128 // sg)]
+            silu += ["        workgroupBarrier();", "    }"]
     return {"TM": str(tm), "TN": str(tn), "SM": str(sm), "SN": str(sn), "KU": str(ku), "SG": str(sg),
             "X": xdecl, "WEIGHT": weight, "SHMEM": shmem, "DECL": "\n".join(decl), "INIT": "\n".join(init), "PRE": "\n".join(pre),
-            "STEP": "\n".join(step), "STORE": "\n".join(store)}
+            "STEP": "\n".join(step), "STORE": "\n".join(store),
+            "STORE_SILU": "\n".join(silu) if tn % 2 == 0 else "    unsupported: the silu flag needs an even TN"}
 
 
 def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int) -> int:

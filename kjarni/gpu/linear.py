@@ -16,7 +16,7 @@ from kjarni.errors import InvalidConfigurationError
 from kjarni.gpu import kernels
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
-from kjarni.gpu.step import AttentionPartials, GpuTensor, SiluMulPending, fold
+from kjarni.gpu.step import AttentionPartials, F16Activations, GpuTensor, SiluMulPending, fold
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.upload import GpuWeight, Segment
 
@@ -49,9 +49,12 @@ class Linear:
         self.tuning = tuning
 
     def record(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight | None, residual: GpuTensor | None,
-               norm_weight: GpuWeight | None, eps: float) -> GpuTensor:
+               norm_weight: GpuWeight | None, eps: float, silu_out: bool = False) -> GpuTensor:
+        """Records the product; ``silu_out`` (from `record_swiglu` only): ``weight`` is [gate | up]
+        and the result is silu(gate) up as `F16Activations` (matmul_tc's silu flag)."""
         ctx = self.context
         tokens = x.shape[0]
+        prepared = type(x) is F16Activations
         silu = type(x) is SiluMulPending and self.silu_fusable(weight, tokens)
         attn = None
         if type(x) is AttentionPartials:
@@ -61,13 +64,16 @@ class Linear:
                 fusable = weight.plans[("merge", attn)] = self.merge_fusable(x, weight)
             if not fusable:
                 attn = None
-        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn)
+        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn, prepared, silu_out)
         plan = weight.plans.get(key)
         if plan is None:
-            plan = weight.plans[key] = self.plan(x.shape, weight, bias, residual, norm_weight, eps, silu, attn)
+            plan = weight.plans[key] = self.plan(x.shape, weight, bias, residual, norm_weight, eps, silu, attn, prepared, silu_out)
         dispatches, groups, rows, common = plan
         x_buffer = x.source.buffer if silu else x.partials.buffer if attn else x.buffer
-        out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
+        if silu_out:  # silu(gate) up in f16: [tokens, rows / 2] of 2 bytes
+            out = F16Activations(ctx.scratch(tokens * rows), (tokens, rows // 2))
+        else:
+            out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
         r_buffer = residual.buffer if residual is not None else None
         # Split K (prefill, few tiles): the partial sums go through a scratch of S x [tokens, rows],
         # free again once recorded (later users of the pool write it after the reduce has read it).
@@ -75,8 +81,8 @@ class Linear:
         p_buffer = partials.buffer if partials is not None else None
         # Tensor cores (matmul_tc): x as f16 activations (norm, silu_mul applied), in a scratch
         # free again once recorded, as the partials are.
-        prepared = ctx.scratch(common[5]) if common[5] else None
-        a_buffer = prepared.buffer if prepared is not None else None
+        a_scratch = ctx.scratch(common[5]) if common[5] else None
+        a_buffer = x.buffer if prepared else a_scratch.buffer if a_scratch is not None else None
         bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer, a_buffer))
         if bound is None:
             bias_buffer, norm_buffer = common[:2]
@@ -98,6 +104,35 @@ class Linear:
             ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next
         return out
 
+    def record_swiglu(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, gate_up: GpuWeight, down: GpuWeight,
+                      residual: GpuTensor | None) -> GpuTensor | None:
+        """``down(silu_mul(gate_up(rms_norm(x)))) + residual`` with the silu_mul in gate_up's
+        tensor-core epilogue (`swiglu_fusable`), or None where it is not (the caller composes it)."""
+        if not self.swiglu_fusable(x.shape[0], x.shape[1], gate_up, down):
+            return None
+        h = self.record(x, gate_up, None, None, norm_weight, eps, silu_out=True)
+        return self.record(h, down, None, residual, None, 0.0)
+
+    def swiglu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
+        """Whether `record_swiglu` applies (decided once per weight and shape): ``tc_silu`` on,
+        gate_up one segment on tensor cores with an even TN tile and no K split, its halves of
+        whole 16-row matrices, and every segment of down on tensor cores."""
+        key = ("swiglu", tokens, cols, id(down))
+        fusable = gate_up.plans.get(key)
+        if fusable is None:
+            fusable = gate_up.plans[key] = self._swiglu_fusable(tokens, cols, gate_up, down)
+        return fusable
+
+    def _swiglu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
+        rows = gate_up.shape[0]
+        if not (self.tuning.tc_silu and gate_up.kind == "matrix" and down.kind == "matrix" and len(gate_up.segments) == 1
+                and gate_up.shape[1] == cols and rows % 32 == 0 and down.shape[1] == rows // 2):
+            return False
+        tile = self.tc_tile(gate_up.segments[0], tokens, cols, rows)
+        if tile is None or tile[1] % 2 or self.tc_splits(tile, rows, tokens, cols, rows) != 1:
+            return False
+        return all(self.tc_tile(seg, tokens, rows // 2, down.shape[0]) is not None for seg in down.segments)
+
     def silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
         """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``): the
         matrix-vector kernels and matmul.tmpl.wgsl do; a format without a matmul kernel does not."""
@@ -113,12 +148,13 @@ class Linear:
                 and all(self.matvec_config(s.format, s.rows, cols) is not None for s in weight.segments))
 
     def plan(self, x_shape: tuple[int, int], weight: GpuWeight, bias, residual, norm_weight, eps, silu: bool,
-             attn: tuple[int, int] | None = None) -> tuple:
+             attn: tuple[int, int] | None = None, prepared: bool = False, silu_out: bool = False) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
         buffers, bias, norm, bytes of split-K partials, bytes of f16 activations)); role "out" writes
         y, "partial" the partials of a prefill matmul split over K, "reduce" adds them into y
         (matmul_reduce.wgsl); "prep" writes the tensor cores' f16 activations, which "tc" (y) and
-        "tc_partial" (partials) multiply (matmul_tc.tmpl.wgsl)."""
+        "tc_partial" (partials) multiply (matmul_tc.tmpl.wgsl). ``prepared``: x holds them already
+        (`F16Activations`), so there is no prep; ``silu_out``: see `record`."""
         ctx = self.context
         tokens, cols = x_shape
         rows = weight.shape[0]
@@ -132,20 +168,23 @@ class Linear:
         )
         dispatches = []
         prep_bytes = 0
+        if (prepared or silu_out) and not all(self.tc_tile(seg, tokens, cols, rows) for seg in weight.segments):
+            raise InvalidConfigurationError(f"linear: {weight.name} has a segment off tensor cores, which f16 activations "
+                                            "in and silu(gate) up out need (Linear.swiglu_fusable decides that first)")
         for seg in weight.segments:
             tc = self.tc_tile(seg, tokens, cols, rows)
             if tc is not None:
                 # Tensor cores: the f16 activations once (matmul_tc_prep.wgsl), then per segment
                 # matmul_tc without the norm and silu_mul the prep applied.
-                if not prep_bytes:
+                if not prep_bytes and not prepared:
                     prep_bytes = tokens * cols * 2
                     params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags & (LINEAR_NORM | LINEAR_SILU),
                                                      row_offset=0, y_stride=rows, eps=eps))
                     prep = ctx.pipeline("matmul_tc_prep", LINEAR_KINDS)
                     dispatches.append((prep, params, (tokens, 1, 1), ctx.dummy, ctx.dummy, "prep"))
-                splits = self.tc_splits(tc, seg.rows, tokens, cols, rows)
+                splits = 1 if silu_out else self.tc_splits(tc, seg.rows, tokens, cols, rows)
                 mm_flags = flags & (LINEAR_BIAS | LINEAR_RESIDUAL) if splits == 1 else 0
-                pipeline, params, grid = self.tc_kernel(tc, seg, cols, rows, tokens, mm_flags)
+                pipeline, params, grid = self.tc_kernel(tc, seg, cols, rows, tokens, mm_flags, silu_out)
                 dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "tc" if splits == 1 else "tc_partial"))
                 if splits > 1:
                     params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
@@ -459,18 +498,20 @@ class Linear:
             return None
         return tuple(tile)
 
-    def tc_kernel(self, tile: tuple[int, ...], seg: Segment, cols: int, rows: int, tokens: int, flags: int) -> tuple[Any, Any, tuple[int, int, int]]:
-        """(pipeline, params, grid) of matmul_tc for one segment (grid z = 1: the caller's split)."""
+    def tc_kernel(self, tile: tuple[int, ...], seg: Segment, cols: int, rows: int, tokens: int, flags: int,
+                  silu: bool = False) -> tuple[Any, Any, tuple[int, int, int]]:
+        """(pipeline, params, grid) of matmul_tc for one segment (grid z = 1: the caller's split);
+        ``silu``: the silu flag (the segment is [gate | up], y silu(gate) up in f16)."""
         ctx = self.context
         tm, tn, sm, sn = tile[:4]
         variant = kernels.tc_variant(*tile, ctx.f16_matrix_subgroup, seg.format)
         tokens_first = self.tuning.tc_tokens_first_for.get((seg.rows, cols), self.tuning.tc_tokens_first)
-        order = frozenset({"tokens_first"}) if tokens_first else frozenset()
+        order = frozenset({"tokens_first"} if tokens_first else ()) | frozenset({"silu"} if silu else ())
 
         def source() -> str:
             return kernels.template("matmul_tc", variant, order)
 
-        name = "matmul_tc." + variant + ("+tf" if tokens_first else "")
+        name = "matmul_tc." + variant + ("+tf" if tokens_first else "") + ("+silu" if silu else "")
         pipeline = ctx.pipeline(name, LINEAR_KINDS, source=source, flags=order)
         params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset, y_stride=rows, eps=0.0))
         grid = (-(-seg.rows // (16 * sn * tn)), -(-tokens // (16 * sm * tm)))

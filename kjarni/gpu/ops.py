@@ -194,6 +194,13 @@ class WgpuOps:
     def norm_linear(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, weight: GpuWeight, bias: GpuWeight | None = None) -> GpuTensor:
         return self._linear(x, weight, bias, None, norm_weight, eps)
 
+    def swiglu_mlp(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, gate_up: GpuWeight, down: GpuWeight,
+                   residual: GpuTensor | None = None) -> GpuTensor:
+        out = self.linear_kernels.record_swiglu(x, norm_weight, eps, gate_up, down, residual)
+        if out is None:
+            out = self.linear(self.silu_mul(self.norm_linear(x, norm_weight, eps, gate_up)), down, residual=residual)
+        return out
+
     def _linear(self, x, weight, bias, residual, norm_weight, eps) -> GpuTensor:
         return self.linear_kernels.record(x, weight, bias, residual, norm_weight, eps)
 

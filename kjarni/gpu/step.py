@@ -43,6 +43,15 @@ class GpuTensor:
         return f"GpuTensor{self.shape}"
 
 
+class F16Activations(GpuTensor):
+    """Activations ``[tokens, features]`` already rounded to f16 for a tensor-core product (what
+    matmul_tc_prep.wgsl writes): matmul_tc's silu flag writes them for the down projection
+    (`Linear.record_swiglu`), whose linear then skips its prep. Only a linear whose every segment
+    runs on tensor cores reads them."""
+
+    __slots__ = ()
+
+
 class SiluMulPending(GpuTensor):
     """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
     it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the

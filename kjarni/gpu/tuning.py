@@ -187,6 +187,11 @@ class GpuTuning:
     tc_quant_tiles: dict[tuple[str, int, int], tuple[int, int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_TC_QUANT_TILES))
     """Per (format, segment rows, cols): a SHARED matmul_tc tile, or None for the SIMT kernel."""
+    tc_silu: bool = True
+    """A SwiGLU MLP's gate_up on tensor cores (with an even TN tile and no K split) writes
+    silu(gate) up as the down projection's f16 activations from its epilogue (matmul_tc's silu
+    flag), instead of [gate | up] in f32 for matmul_tc_prep to read: a quarter of the bytes stored
+    and a prep dispatch a layer fewer (`Linear.record_swiglu`)."""
     tc_tokens_first: bool = False
     """matmul_tc's grid order: token tiles fastest (the workgroups sharing a weight tile run side by
     side) instead of row tiles fastest (sharing an activation tile). Off: on an H100 it tied or lost
