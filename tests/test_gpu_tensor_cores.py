@@ -288,7 +288,7 @@ def test_tc_matmul_matches_numpy_with_f16_activations(tc_ops, tile, splits, toke
 
 @pytest.mark.parametrize("fmt", ["f16", "Q4_K"])
 @pytest.mark.parametrize("tile", [(2, 4, 4, 2, 2, 3), (4, 2, 2, 4, 2, 5), (2, 2, 2, 2, 2, 1), (2, 4, 2, 2, 2, 0)])
-@pytest.mark.parametrize("tokens,half", [(70, 256), (150, 208)])
+@pytest.mark.parametrize("tokens,half", [(70, 256), (150, 224)])  # 224: no whole number of 64-output workgroups
 def test_swiglu_mlp_with_silu_in_gate_ups_epilogue_matches_numpy(tc_ops, tile, fmt, tokens, half):
     """ops.swiglu_mlp on tensor cores: gate_up (fused norm) writes silu(gate) up in f16 from its
     epilogue (the silu flag) and down reads it with no prep of its own; the result matches
@@ -311,7 +311,8 @@ def test_swiglu_mlp_with_silu_in_gate_ups_epilogue_matches_numpy(tc_ops, tile, f
                                                       [(2 * half, hidden), (hidden, half)])})
     ops.tuning.tc_splits = 1
     rng = np.random.default_rng(tokens + half)
-    x, nw, r = rand(rng, tokens, hidden), rand(rng, hidden), rand(rng, tokens, hidden)
+    # The norm weight at 1/16 keeps silu(gate) up within f16 range (random Q4_K weights reach 90).
+    x, nw, r = rand(rng, tokens, hidden), rand(rng, hidden) / 16, rand(rng, tokens, hidden)
     if quant:
         q_gu, q_dn = random_quant(T.Q4_K, 2 * half, hidden, seed=1), random_quant(T.Q4_K, hidden, half, seed=2)
         gu16, dn16 = f16_round(q_gu.dequantize()), f16_round(q_dn.dequantize())
@@ -327,13 +328,28 @@ def test_swiglu_mlp_with_silu_in_gate_ups_epilogue_matches_numpy(tc_ops, tile, f
     assert _ran_all(g_gu, tokens) == ["matmul_tc_prep:main", variant + "+silu:main"]
     assert _ran_all(g_dn, tokens)[0] == variant + ":main"  # no prep: the f16 activations came from gate_up
     want = ref16.swiglu_mlp(x, nw, 1e-5, gu16, dn16, residual=r)
-    # The norm's scale and silu's exp differ in their last f32 bits, which can flip f16 roundings:
-    # one f16 ulp of an activation (2^-11 relative) times a weight, as test_tc_matmul's norm.
-    np.testing.assert_allclose(got, want, atol=4e-5 * np.abs(want).max(), rtol=0)
+    # gate_up's f32 sums (another order), the norm's scale and silu's exp differ in their last
+    # bits, and where an activation lies that close to an f16 rounding midpoint its rounding can
+    # flip: one f16 ulp of it times its weights. Bound: those flips, plus f32 sums in another order.
+    act = ref32.silu_mul(ref16.norm_linear(x, nw, 1e-5, gu16))  # f32, from gate_up's f16 input
+    flips, near = _f16_flip_bound(act, dn16)
+    assert near < 0.01  # the bound leaves almost every activation exact: the check can fail
+    bound = flips + 1e-5 * np.abs(want).max()
+    assert np.all(np.abs(got - want) <= bound), np.abs(got - want).max()
     ops.tuning.tc_silu = False
     unfused = ops.read(ops.swiglu_mlp(gx, gnw, 1e-5, g_gu, g_dn, residual=gr))
     assert _ran_all(g_dn, tokens)[:2] == ["matmul_tc_prep:main", variant + ":main"]  # silu_mul in down's prep
-    np.testing.assert_allclose(got, unfused, atol=4e-5 * np.abs(want).max(), rtol=0)
+    assert np.all(np.abs(got - unfused) <= bound), np.abs(got - unfused).max()
+
+
+def _f16_flip_bound(a: np.ndarray, w: np.ndarray, rel: float = 2e-6) -> tuple[np.ndarray, float]:
+    """For y = f16(a) @ w.T: per output, the most that f16 roundings of activations an f32 error
+    of ``rel`` |a| could flip may move it (one f16 ulp of each such activation times |w|), and the
+    fraction of activations that close to a rounding midpoint."""
+    a16 = a.astype(np.float16)
+    ulp = np.spacing(np.abs(a16)).astype(np.float32)  # the spacing above |f16(a)|: the larger side
+    near = ulp / 2 - np.abs(a - a16.astype(np.float32)) <= rel * np.abs(a)
+    return (near * ulp) @ np.abs(w).T, float(near.mean())
 
 
 @pytest.mark.parametrize("splits", [1, 3])
