@@ -33,11 +33,17 @@ H200_MATMUL_CONFIGS: dict[tuple[int, int], tuple[int, int, int, int, int, int]] 
 # product right after its compile, when an H100 may idle at 345 MHz (seventeenth session), so its
 # microseconds below mix clocks; the 1.5B gate_up and down were re-measured on a warm GPU.
 H200_TC_TILES: dict[tuple[int, int], tuple[int, int, int, int, int, int] | None] = {
-    (1152, 896): (4, 4, 2, 2, 4, 2),  # 0.5B qkv: 47.8 us (the first kernel 64.2)
+    # qkv and o_proj: 2 x 2 subgroups of 2 x 2 matrices with no K split (H200_TC_SPLITS), in a
+    # warm sweep with the split's reduce counted (eighteenth session, H100): 1.5B qkv 36.6 us
+    # against 48.4-48.7 for the tiles below split or not, o_proj 33.5 against 45.3-45.6; 0.5B qkv
+    # 25.0, o_proj 20.1 (the first kernel's o_proj tile, kept until then, not in that sweep). In
+    # the model, bench_gpu in one call: 1.5B f16 31,656 -> 32,514 tok/s, 0.5B f16 69,401 -> 70,426.
+    (1152, 896): (2, 2, 2, 2, 2, 5),  # 0.5B qkv
+    (896, 896): (2, 2, 2, 2, 2, 5),  # 0.5B o_proj
     (9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up (fused norm): 100.1 us (SHARED 1's 4x4_2x2 190.7)
     (896, 4864): (4, 4, 2, 2, 2, 3),  # 0.5B down_proj: 90.7 us (the first kernel 114.2)
-    (2048, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B qkv: 69.7 us
-    (1536, 1536): (2, 4, 4, 2, 2, 3),  # 1.5B o_proj: 65.0 us (the first kernel 75.8)
+    (2048, 1536): (2, 2, 2, 2, 2, 5),  # 1.5B qkv
+    (1536, 1536): (2, 2, 2, 2, 2, 5),  # 1.5B o_proj
     # 1.5B gate_up: in the model (tools/ablate_gpu.py --prefill --choices, seventeenth session, H100)
     # 232.6 us a layer against SHARED 1's 473.1 (4x2_2x4_k2_w 234.5); the warm sweep agrees (239.2
     # against 465.0). The fifteenth session's sweep had ranked SHARED 1 first (487.8 against 990-1090).
@@ -60,9 +66,12 @@ H200_TC_QUANT_TILES: dict[tuple[str, int, int], tuple[int, int, int, int, int, i
     ("Q5_0", 9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up
     ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 5),  # 0.5B down_proj
 }
-H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {
-    (896, 896): (64, 128, 32, 2, 4),  # 0.5B o_proj: 36.2 us (matmul_tc's best 43.7)
-}
+# (segment rows, cols) -> matmul_tc's K splits, over the rule (the shapes above that run unsplit).
+H200_TC_SPLITS: dict[tuple[int, int], int] = {(1152, 896): 1, (896, 896): 1, (2048, 1536): 1, (1536, 1536): 1}
+# (segment rows, cols) -> the first kernel's tile (matmul_sgmat), where it beats matmul_tc: none
+# since the eighteenth session (the 0.5B o_proj's (64, 128, 32, 2, 4), 36.2 us in the fifteenth
+# session's sweep, went to matmul_tc's unsplit 2x2_2x2_k2_w: see H200_TC_TILES).
+H200_SGMAT_TILES: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = {}
 
 
 # (format, segment rows, cols) -> (WG, LANES, R, UN, workgroups at most or 0): the fastest
@@ -200,7 +209,7 @@ class GpuTuning:
     """Per (segment rows, cols): matmul_tc's grid order, over ``tc_tokens_first``."""
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
-    tc_split_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    tc_split_counts: dict[tuple[int, int], int] = field(default_factory=lambda: dict(H200_TC_SPLITS))
     """Per (rows, cols): K splits of matmul_tc, over the rule."""
     sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_SGMAT_TILES))
