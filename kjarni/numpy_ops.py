@@ -310,13 +310,20 @@ class NumpyOps:
         q = q.reshape(tokens, num_kv_heads, groups, head_dim).transpose(1, 0, 2, 3)
         q = np.multiply(q, np.float32(1.0 / np.sqrt(head_dim)), order="C")
         keys, values = kv_cache.keys[layer], kv_cache.values[layer]  # [kv_heads, capacity, head_dim]
+        # activations="f16": the scaled q, the keys and values (where the cache is not f16 already)
+        # and the softmax weights rounded to f16 for the products, as the GPU's tensor-core
+        # prefill attention (attention_tc.tmpl.wgsl) does.
+        f16 = self.activations == "f16" and tokens >= self.f16_activation_min_tokens
+        if f16:
+            q = q.astype(np.float16).astype(np.float32)
+            keys, values = (a.astype(np.float16).astype(np.float32) for a in (keys, values))
         out = np.empty_like(q)
         last_chunk = (start + tokens - 1) // KEY_CHUNK
         row_bytes = num_kv_heads * (last_chunk + 1) * groups * KEY_CHUNK * 4
         step = max(1, min(self.attention_rows, ATTENTION_BYTES // row_bytes))
         for t in range(0, tokens, step):
             end = min(tokens, t + step)
-            out[:, t:end] = _attend(q[:, t:end], keys, values, start + t, window)
+            out[:, t:end] = _attend(q[:, t:end], keys, values, start + t, window, f16)
         return out.transpose(1, 0, 2, 3).reshape(tokens, num_heads * head_dim)
 
     def silu_mul(self, x: np.ndarray) -> np.ndarray:
@@ -361,9 +368,11 @@ _SQRT_2_OVER_PI = np.float32(np.sqrt(2.0 / np.pi))
 
 
 def _attend(
-    q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_position: int, window: int | None
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_position: int, window: int | None, f16: bool = False
 ) -> np.ndarray:
     """Attention of scaled query rows ``[kv_heads, rows, groups, head_dim]`` at consecutive positions.
+    ``f16``: the softmax weights (after the exp, before their sums and the product with the
+    values) rounded to f16.
 
     A row gets the same bits however many rows it is computed with, on any BLAS, by construction:
     every matrix product is one query row's ``[groups, head_dim]`` against one chunk of KEY_CHUNK
@@ -408,6 +417,8 @@ def _attend(
     np.copyto(scores, -np.inf, where=hidden.reshape(rows, chunks, 1, KEY_CHUNK))
     scores -= scores.max(axis=(2, 4), keepdims=True)
     np.exp(scores, out=scores)
+    if f16:
+        scores[...] = scores.astype(np.float16)
 
     sums = scores.sum(axis=-1)  # [kv_heads, rows, chunks, groups]
     products = np.empty((num_kv_heads, rows, chunks, groups, head_dim), dtype=np.float32)

@@ -144,10 +144,15 @@ def test_rows_is_one_dispatch_giving_exactly_those_rows(gpu_ops, tokens, feature
 # ---------------------------------------------------------------- rope_store + attention
 
 
-def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0, window=None):
-    """Run rope_store + attention for token counts ``steps`` on GPU and numpy; yield both outputs."""
+def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0, window=None,
+                    reference=ref, tc=False, caches=None):
+    """Run rope_store + attention for token counts ``steps`` on GPU and ``reference``; yield both
+    outputs (``caches``, a list: the reference's KV cache appended to it). The tensor-core prefill
+    attention (attention_tc, on Dawn) runs only with ``tc``: it rounds q and the softmax weights
+    to f16, which the f32 reference does not."""
     from kjarni.model import rope_table
 
+    ops.tuning.attention_tc = tc
     class Cfg:  # the fields rope_table reads
         pass
 
@@ -157,17 +162,19 @@ def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, cap
     rng = np.random.default_rng(seed)
     gpu_cache = ops.new_kv_cache(2, kv_heads, head_dim, capacity)
     cpu_cache = NumpyKVCache(2, kv_heads, head_dim, capacity)
+    if caches is not None:
+        caches.append(cpu_cache)
     g_rope = ops.weight(rope, name="rope")
     start = 0
     for tokens in steps:
         qkv = rand(rng, tokens, (heads + 2 * kv_heads) * head_dim)
         q = ops.rope_store(upload(ops, qkv), g_rope, gpu_cache, 1, start)
         out = ops.read(ops.attention(q, gpu_cache, 1, start, window))
-        q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
+        q_ref = reference.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU stores the cache in f16: give numpy the same values
             cpu_cache.keys[:] = f16_round(cpu_cache.keys)
             cpu_cache.values[:] = f16_round(cpu_cache.values)
-        yield ops.read(q), q_ref, out, ref.attention(q_ref, cpu_cache, 1, start, window)
+        yield ops.read(q), q_ref, out, reference.attention(q_ref, cpu_cache, 1, start, window)
         start += tokens
 
 
@@ -259,6 +266,47 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
     ops.tuning.attention_tiled_chunk = chunk
     calls = _tiled_calls(ops, kv_format, 64, window)
     assert "attention_tiled.hd64_q32_k32" in calls and "attention_prefill" not in calls
+    assert ("attention_combine" in calls) == (chunk > 0)
+
+
+@pytest.mark.parametrize("head_dim, kv_format, chunk, window, keys", [
+    (64, "f16", 0, None, 32), (128, "f16", 32, None, 32), (64, "f32", 64, 23, 32), (128, "f16", 0, 50, 32), (64, "f16", 64, None, 64)])
+@pytest.mark.parametrize("warps", [4, 2])
+def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps):
+    """attention_tc (tensor cores: Dawn with a square f16 subgroup-matrix configuration, 16 x 16 on
+    NVIDIA, 8 x 8 on Mesa 26's lavapipe) against NumpyOps(activations="f16"), which rounds the
+    scaled q, keys, values and softmax weights to f16 as it does: a 37-token prompt, then 70 and
+    12 more on top of the cache, 3 query heads per KV head, whole and split over the keys
+    (attention_combine), with and without a window. Bound: one f16 rounding of the largest weight
+    times the largest value (2^-11 max|v|), two where a split's weights are rounded against its
+    own maximum (not the row's, as numpy's are); unsplit, the output is also closer to that
+    reference than to the f32 one."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
+    ops.tuning.attention_tc_chunk, ops.tuning.attention_tc_keys, ops.tuning.attention_tc_warps = chunk, keys, warps
+    shape = ops._attention.tc_shape(head_dim)
+    if shape is None:
+        pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no square f16 subgroup-matrix "
+                    "configuration for this variant (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
+    ref16 = NumpyOps(activations="f16", f16_activation_min_tokens=ops.tuning.matvec_max_tokens + 1)
+    calls = []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
+    caches, start = [], 0
+    try:
+        for tokens, (_, q_ref, out, out_ref) in zip([37, 70, 12], _attention_case(
+                ops, kv_format, [37, 70, 12], heads=6, kv_heads=2, head_dim=head_dim, window=window, reference=ref16, tc=True,
+                caches=caches)):
+            bound = (2.0 ** -10 if chunk else 2.0 ** -11) * np.abs(caches[0].values[1]).max()
+            np.testing.assert_allclose(out, out_ref, atol=bound, rtol=0)
+            if tokens > ops.tuning.matvec_max_tokens and not chunk:  # and the roundings are the ones that happened
+                exact = ref.attention(q_ref, caches[0], 1, start, window)
+                assert np.abs(out - out_ref).max() < np.abs(out - exact).max()
+            start += tokens
+    finally:
+        del ops.context.pipeline
+    assert f"attention_tc.{kernels.attention_tc_variant(head_dim, *shape)}" in calls
     assert ("attention_combine" in calls) == (chunk > 0)
 
 

@@ -3,7 +3,8 @@
 `Attention.attention` picks the kernel: a one-token step fused with rope_store (attention_step.wgsl,
 optionally split over the keys and merged by the next matvec), one pass over a short context
 (attention_single), flash-decoding (attention_decode + attention_combine), and for a prefill the
-register-tiled kernel (head_dim 64 or 128) or attention_prefill. The choices read `GpuTuning`.
+tensor-core kernel (Dawn) or the register-tiled one (head_dim 64 or 128), or attention_prefill.
+The choices read `GpuTuning`.
 """
 
 from __future__ import annotations
@@ -174,6 +175,19 @@ class Attention:
             ctx.dispatch(decode, (params, step, q.buffer, k_buf, v_buf, partial.buffer), (heads, splits, tokens))
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
+        elif (tc := self.tc_shape(hd)) is not None:
+            # Tensor cores (Dawn): NW subgroups of MS query rows each, two passes over BKT-key
+            # tiles; past `attention_tc_chunk` keys split over workgroups too, as attention_tiled.
+            variant = kernels.attention_tc_variant(hd, *tc)
+            chunk, splits = self.key_chunk(tuning.attention_tc_chunk, tokens, heads, hd, start)
+            grid = (-(-tokens // (tc[0] * tc[2])), heads, splits)
+            attn = ctx.pipeline(f"attention_tc.{variant}", ATTENTION_KINDS, flags=flags,
+                                constants={"CHUNK": chunk} if splits > 1 else None,
+                                source=lambda: kernels.template("attention_tc", variant, frozenset(flags)))
+            if splits <= 1:
+                ctx.dispatch(attn, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
+                return out
+            self.split_keys(attn, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         elif tuning.attention_tiled and (shape := self.tiled_shape(hd)) is not None:
             # Register-tiled flash attention: BQ query rows x BKT-key tiles per workgroup; past
             # `attention_tiled_chunk` keys the keys are split over workgroups too (grid z), and
@@ -215,6 +229,21 @@ class Attention:
             else:
                 self.split_keys(prefill, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         return out
+
+    def tc_shape(self, hd: int) -> tuple[int, int, int, int] | None:
+        """(MS, SG, NW, BKT) of attention_tc for a prefill with head size ``hd``, or None:
+        ``attention_tc`` on, a square f16 subgroup-matrix configuration (``context.f16_matrix``),
+        a variant of ``hd`` and ``attention_tc_warps`` / ``_keys`` (keys falling back to 32) within
+        the device's workgroup memory, and a chunk that is a multiple of its keys."""
+        tuning, config = self.tuning, self.context.f16_matrix
+        if not tuning.attention_tc or config is None:
+            return None
+        for bkt in dict.fromkeys((tuning.attention_tc_keys, 32)):
+            shape = (hd, *config, tuning.attention_tc_warps, bkt)
+            if (shape in kernels.ATTENTION_TC_SHAPES and kernels.attention_tc_bytes(*shape) <= self.context.max_workgroup_storage
+                    and tuning.attention_tc_chunk % bkt == 0):
+                return shape[1:]
+        return None
 
     def tiled_shape(self, hd: int) -> tuple[int, int] | None:
         """(query rows, keys a tile) of attention_tiled for ``hd``: GpuTuning's

@@ -209,6 +209,13 @@ class WgpuContext:
             if "subgroup-matrix" in self.features and self.has_f16 and self.has_subgroups and self.adapter is not None
             else None
         )
+        # The tensor-core prefill attention (attention_tc.tmpl.wgsl): (matrix size, subgroup size)
+        # of a square f16 configuration, 16 or 8 (Mesa's lavapipe offers 8 x 8 x 8 only).
+        self.f16_matrix = (
+            self.runtime.f16_matrix_config(self.adapter)
+            if "subgroup-matrix" in self.features and self.has_f16 and self.has_subgroups and self.adapter is not None
+            else None
+        )
         self.max_buffer_size = int(limits["max-buffer-size"])
         self.max_binding_size = int(limits["max-storage-buffer-binding-size"])
         if max_binding_size is not None:

@@ -463,6 +463,57 @@ def attention_tiled_fields(hd: int, bq: int, bkt: int) -> dict[str, str]:
     }
 
 
+ATTENTION_TC_SHAPES: tuple[tuple[int, int, int, int, int], ...] = tuple(
+    (hd, ms, sg, nw, bkt) for hd in (64, 128) for ms, sg in ((16, 32), (16, 64), (8, 8)) for nw, bkt in ((4, 32), (2, 32), (4, 64))
+    if nw * ms <= 2 * bkt and bkt % (sg // ms) == 0
+)
+"""The tensor-core prefill attention's variants (``attention_tc.tmpl.wgsl``): (head_dim, MS the
+f16 matrix size, SG the subgroup size of that configuration, NW subgroups a workgroup (NW MS query
+rows), BKT keys a tile): 16 x 16 matrices at subgroup size 32 (NVIDIA) or 64, 8 x 8 at 8
+(Mesa's lavapipe)."""
+
+
+def attention_tc_variant(hd: int, ms: int, sg: int, nw: int, bkt: int) -> str:
+    """The ``attention_tc`` variant name, e.g. ``hd128_m16_sg32_w4_k32``."""
+    return f"hd{hd}_m{ms}_sg{sg}_w{nw}_k{bkt}"
+
+
+def attention_tc_bytes(hd: int, ms: int, sg: int, nw: int, bkt: int) -> int:
+    """Workgroup memory of an ``attention_tc`` variant: the K and V tiles (f16, rows padded by 8),
+    the subgroups' scores (f32) and P (f16, rows padded by 8), and the rows' m and l."""
+    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * (bkt + 8) + 8 * nw * ms
+
+
+def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[str, str]:
+    """The fields of ``attention_tc.tmpl.wgsl``: its sizes and the subgroup-matrix code written
+    out (Q's left matrices, S = Q K^T per MS keys, O += P V per MS dims, the output stores)."""
+    left, right, result = (f"subgroup_matrix_{kind}<{t}, {ms}, {ms}>" for kind, t in (("left", "f16"), ("right", "f16"), ("result", "f32")))
+    dims, keys = range(hd // ms), range(bkt // ms)
+    q_load = [f"    let qm{k} = subgroupMatrixLoad<{left}, row_major>(&kv, sg * MS * LDS + {k * ms}u, LDS);" for k in dims]
+    s_body = []
+    for j in keys:
+        s_body += ["        {", f"            var s = {result}();"]
+        s_body += [f"            s = subgroupMatrixMultiplyAccumulate(qm{k}, subgroupMatrixLoad<{right}, col_major>(&kv, {j * ms}u * LDS + "
+                   f"{k * ms}u, LDS), s);" for k in dims]
+        s_body += [f"            subgroupMatrixStore<row_major>(&s_sh, sbase + {j * ms}u, s, BKT);", "        }"]
+    pv = []
+    for j in keys:
+        pv += ["        {", f"            let pl = subgroupMatrixLoad<{left}, row_major>(&p_sh, sg * MS * LDP + {j * ms}u, LDP);"]
+        pv += [f"            o{d} = subgroupMatrixMultiplyAccumulate(pl, subgroupMatrixLoad<{right}, row_major>(&kv, BKT * LDS + "
+               f"{j * ms}u * LDS + {d * ms}u, LDS), o{d});" for d in dims]
+        pv += ["        }"]
+    store = []
+    for d in dims:
+        store += ["    workgroupBarrier();", f"    subgroupMatrixStore<row_major>(&s_sh, sbase, o{d}, MS);", "    workgroupBarrier();",
+                  "    for (var e = lane; e < MS * MS; e += SG) {", "        let t = t0 + sg * MS + e / MS;",
+                  "        if (t < params.tokens) {",
+                  f"            store(wid.z, t, h, {d * ms}u + e % MS, s_sh[sbase + e], ml_sh[sg * MS + e / MS]);",
+                  "        }", "    }"]
+    return {"HEAD_DIM": str(hd), "MS": str(ms), "SG": str(sg), "NW": str(nw), "BKT": str(bkt), "Q_LOAD": "\n".join(q_load),
+            "S_BODY": "\n".join(s_body), "O_DECL": "\n".join(f"    var o{d} = {result}();" for d in dims),
+            "PV_BODY": "\n".join(pv), "STORE": "\n".join(store)}
+
+
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
@@ -476,6 +527,7 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
                for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     "attention_tiled": {attention_tiled_variant(*shape): attention_tiled_fields(*shape) for shape in ATTENTION_TILED_SHAPES},
+    "attention_tc": {attention_tc_variant(*shape): attention_tc_fields(*shape) for shape in ATTENTION_TC_SHAPES},
     "matmul_sgmat": {
         sgmat_variant(bm, bn, bk, sm, sn, sg): sgmat_fields(bm, bn, bk, sm, sn, sg)
         for bm, bn, bk, sm, sn in SGMAT_TILES for sg in (32, 64)

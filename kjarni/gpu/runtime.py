@@ -186,6 +186,20 @@ class Runtime:
                     return size
         return None
 
+    def f16_matrix_config(self, adapter: Any) -> tuple[int, int] | None:
+        """(M, subgroup size) of the adapter's square f16 x f16 -> f32 subgroup-matrix
+        configuration at one fixed subgroup size, 16 x 16 x 16 where there is one (NVIDIA), else
+        8 x 8 x 8 (Mesa 26's lavapipe): what ``attention_tc.tmpl.wgsl`` runs on; None without."""
+        found = []
+        for config in self.adapter_extras(adapter).get("subgroup_matrix_configs") or ():
+            m = config.get("m")
+            size = int(config.get("min_subgroup_size") or 0)
+            if ((config.get("component_type"), config.get("result_component_type")) == ("f16", "f32") and m in (8, 16)
+                    and (config.get("n"), config.get("k")) == (m, m) and size == int(config.get("max_subgroup_size") or 0)
+                    and size in ((32, 64) if m == 16 else (8,))):
+                found.append((int(m), size))
+        return max(found) if found else None
+
     # ------------------------------------------------------------ shaders and recording
 
     def prepare_shader(self, code: str, flags: frozenset[str]) -> str:

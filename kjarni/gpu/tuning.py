@@ -337,6 +337,19 @@ class GpuTuning:
     """Decode attends in one pass up to this many positions (H200: wins at 512, loses at 1000)."""
     attention_prefill_lanes: int = 8
     """Threads sharing a query row in attention_prefill (at most the smallest subgroup size)."""
+    attention_tc: bool = True
+    """Prefill with head_dim 64 or 128 on tensor cores where the device has a square f16
+    subgroup-matrix configuration (Dawn; 16 x 16 on NVIDIA, 8 x 8 on Mesa's lavapipe):
+    attention_tc.tmpl.wgsl, q (scaled) and the softmax weights rounded to f16 for its products
+    (``NumpyOps(activations="f16")`` rounds the same). Else attention_tiled."""
+    attention_tc_warps: int = 4
+    """Subgroups a workgroup of attention_tc (each MS query rows): 4 or 2."""
+    attention_tc_keys: int = 32
+    """Keys a tile of attention_tc: 32 or 64 (a variant beyond the device's workgroup memory falls
+    back to 32, then to attention_tiled)."""
+    attention_tc_chunk: int = 128
+    """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
+    no split), merged by attention_combine as attention_tiled's splits are."""
     attention_tiled: bool = True
     """Prefill with head_dim 64 or 128: attention_tiled.tmpl.wgsl (else attention_prefill)."""
     attention_tiled_rows: int = 0

@@ -1,0 +1,190 @@
+// attention_tc: causal grouped-query attention of a block of BQ query rows of one head (prefill)
+// on tensor cores (Dawn's chromium_experimental_subgroup_matrix, f16 x f16 -> f32 matrices of
+// MS x MS: 16 on NVIDIA, 8 on Mesa's lavapipe). Subgroup sg owns query rows sg MS .. sg MS + MS - 1
+// of the block; for each tile of BKT keys S = Q K^T and O += P V are subgroup-matrix products out
+// of workgroup memory, the softmax between them done by the lanes (LPR lanes a row, CPL keys each).
+// Two passes over the keys instead of an online softmax: a result matrix cannot be rescaled per
+// row in WGSL, so pass 1 finds each row's maximum score m (S only) and pass 2 accumulates
+// P = exp(S - m) (rounded to f16 for the product) and O += P V with no rescaling; l sums the
+// rounded P. What NumpyOps(activations="f16") rounds: q scale and P to f16, f32 sums.
+// One variant per (HEAD_DIM, MS, SG, NW, BKT) (kernels.attention_tc_fields writes out the matrix
+// code). Bindings: attention_tiled's (attention_kv.wgsl): params, step, q [tokens, H hd] f32,
+// k_cache, v_cache (f32 or f16), out [tokens, H hd] f32 (or, with CHUNK, its partials).
+// Split over keys (override CHUNK > 0, a multiple of BKT; grid z = ceil((start + tokens) / CHUNK)):
+// as attention_tiled, workgroup z takes keys [z CHUNK, (z + 1) CHUNK) only and writes each row's
+// unnormalized output, maximum and sum to partial[((t H + h) max_splits + z) (hd + 2) ..] (zeros
+// and m = -3e38 where a row sees none of them), for attention_combine; a workgroup whose keys all
+// lie past its block's last position writes nothing.
+// Grid: (ceil(tokens / BQ), H, 1 or the splits); NW SG threads.
+// Workgroup memory: kv (the K tile, then the V tile, BKT x LDS f16 each; first the block's scaled
+// Q, BQ x LDS, which fits as BQ <= 2 BKT), s_sh (each subgroup's MS x BKT scores, then its output
+// matrices), p_sh (its P in f16, MS x LDP), ml_sh (its rows' m and l).
+
+enable f16;
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+
+const HEAD_DIM: u32 = {{HEAD_DIM}}u;
+const MS: u32 = {{MS}}u;    // matrix size (MS x MS x MS products)
+const SG: u32 = {{SG}}u;    // subgroup size
+const NW: u32 = {{NW}}u;    // subgroups a workgroup
+const BKT: u32 = {{BKT}}u;  // keys a tile
+const BQ: u32 = NW * MS;    // query rows a workgroup
+const WG: u32 = NW * SG;
+const D4: u32 = HEAD_DIM / 4u;
+const LDS: u32 = HEAD_DIM + 8u;  // kv rows, padded by 8 halves
+const LDP: u32 = BKT + 8u;       // p_sh rows
+const LPR: u32 = SG / MS;        // lanes a query row
+const CPL: u32 = BKT / LPR;      // keys a lane, a tile
+const NEG: f32 = -3.0e38;
+
+override CHUNK: u32 = 0u;  // keys per split (0: no split, out is the attention output)
+
+// #include attention_kv.wgsl
+
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+var<workgroup> kv: array<f16, 2u * BKT * LDS>;
+var<workgroup> s_sh: array<f32, NW * MS * BKT>;
+var<workgroup> p_sh: array<f16, NW * MS * LDP>;
+var<workgroup> ml_sh: array<vec2<f32>, BQ>;
+
+fn put4(i: u32, v: vec4<f32>) {
+    let h = vec4<f16>(v);
+    kv[i] = h.x;
+    kv[i + 1u] = h.y;
+    kv[i + 2u] = h.z;
+    kv[i + 3u] = h.w;
+}
+
+// The K tile of keys k0 .. k0 + BKT - 1 (and with v, the V tile after it) into kv, zeros for keys
+// past kmax (not this forward's, or not this split's).
+fn load_tile(kv_head: u32, k0: u32, kmax: u32, v: bool, lid: u32) {
+    for (var i = lid; i < BKT * D4; i += WG) {
+        let key = k0 + i / D4;
+        let at = i / D4 * LDS + 4u * (i % D4);
+        var kk = vec4<f32>();
+        var vv = vec4<f32>();
+        if (key <= kmax) {
+            kk = load_k4(kv_head, key, i % D4);
+            if (v) {
+                vv = load_v4(kv_head, key, i % D4);
+            }
+        }
+        put4(at, kk);
+        if (v) {
+            put4(BKT * LDS + at, vv);
+        }
+    }
+}
+
+fn visible(key: u32, pos: u32, kmin: u32, kmax: u32) -> bool {
+    return key >= kmin && key <= kmax && key <= pos && (params.window == 0u || key + params.window > pos);
+}
+
+// Row r of this subgroup (position pos)'s value at dims d .. of its output: o / l, or with CHUNK
+// the partial (o, and at d 0 the row's m and l) of split z.
+fn store(z: u32, t: u32, h: u32, d: u32, o: f32, ml: vec2<f32>) {
+    if (CHUNK == 0u) {
+        out[(t * params.num_heads + h) * HEAD_DIM + d] = o / ml.y;
+        return;
+    }
+    let i = ((t * params.num_heads + h) * params.max_splits + z) * (HEAD_DIM + 2u);
+    out[i + d] = o;
+    if (d == 0u) {
+        out[i + HEAD_DIM] = ml.x;
+        out[i + HEAD_DIM + 1u] = ml.y;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let h = wid.y;
+    let kv_head = h / (params.num_heads / params.num_kv_heads);
+    let t0 = wid.x * BQ;  // the block's first row
+    let rows = min(BQ, params.tokens - t0);
+    let first = step.start + t0;             // position of the block's first row
+    let last = step.start + t0 + rows - 1u;  // and of its last
+    var kmin = 0u;
+    if (params.window != 0u && first + 1u > params.window) {
+        kmin = first + 1u - params.window;
+    }
+    var kmax = last;
+    if (CHUNK > 0u) {
+        if (wid.z * CHUNK > last) {
+            return;  // no row of the block reaches this split (uniform: before any barrier)
+        }
+        kmin = max(kmin, wid.z * CHUNK);
+        kmax = min(last, wid.z * CHUNK + CHUNK - 1u);
+    }
+    // Q times the scale, in f16, into kv: rows past the prompt read zeros (never stored).
+    for (var i = lid; i < BQ * D4; i += WG) {
+        let t = t0 + i / D4;
+        var v = vec4<f32>();
+        if (t < params.tokens) {
+            v = q[(t * params.num_heads + h) * D4 + i % D4] * params.scale;
+        }
+        put4(i / D4 * LDS + 4u * (i % D4), v);
+    }
+    workgroupBarrier();
+{{Q_LOAD}}
+    let r = lane / LPR;           // this lane's row of the subgroup's MS
+    let c0 = lane % LPR * CPL;    // and its first key of a tile
+    let pos = first + sg * MS + r;
+    let sbase = sg * MS * BKT;
+    let kfirst = kmin - kmin % BKT;
+
+    // Pass 1: each row's maximum visible score.
+    var m = NEG;
+    for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
+        workgroupBarrier();  // the previous tile's (or Q's) reads of kv are done
+        load_tile(kv_head, k0, kmax, false, lid);
+        workgroupBarrier();
+{{S_BODY}}
+        workgroupBarrier();
+        for (var c = c0; c < c0 + CPL; c++) {
+            if (visible(k0 + c, pos, kmin, kmax)) {
+                m = max(m, s_sh[sbase + r * BKT + c]);
+            }
+        }
+    }
+    for (var x = 1u; x < LPR; x *= 2u) {
+        m = max(m, subgroupShuffleXor(m, x));
+    }
+
+    // Pass 2: P = exp(S - m) in f16, O += P V, l = the sum of the rounded P.
+    var l = 0.0;
+{{O_DECL}}
+    for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
+        workgroupBarrier();
+        load_tile(kv_head, k0, kmax, true, lid);
+        workgroupBarrier();
+{{S_BODY}}
+        workgroupBarrier();
+        for (var c = c0; c < c0 + CPL; c++) {
+            var p = 0.0;
+            if (visible(k0 + c, pos, kmin, kmax)) {
+                p = exp(s_sh[sbase + r * BKT + c] - m);
+            }
+            let p16 = f16(p);
+            l += f32(p16);
+            p_sh[sg * MS * LDP + r * LDP + c] = p16;
+        }
+        workgroupBarrier();
+{{PV_BODY}}
+    }
+    for (var x = 1u; x < LPR; x *= 2u) {
+        l += subgroupShuffleXor(l, x);
+    }
+    if (lane % LPR == 0u) {
+        ml_sh[sg * MS + r] = vec2<f32>(m, l);
+    }
+    // The output matrices through s_sh, MS x MS at a time.
+{{STORE}}
+}
