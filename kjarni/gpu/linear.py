@@ -129,7 +129,7 @@ class Linear:
                 and gate_up.shape[1] == cols and rows % 32 == 0 and down.shape[1] == rows // 2):
             return False
         tile = self.tc_tile(gate_up.segments[0], tokens, cols, rows)
-        if tile is None or tile[1] % 2 or self.tc_splits(tile, rows, tokens, cols, rows) != 1:
+        if tile is None or tile[1] % 2 or self.tc_splits(tile, rows, tokens, cols, rows, gate_up.segments[0].format) != 1:
             return False
         return all(self.tc_tile(seg, tokens, rows // 2, down.shape[0]) is not None for seg in down.segments)
 
@@ -182,7 +182,7 @@ class Linear:
                                                      row_offset=0, y_stride=rows, eps=eps))
                     prep = ctx.pipeline("matmul_tc_prep", LINEAR_KINDS)
                     dispatches.append((prep, params, (tokens, 1, 1), ctx.dummy, ctx.dummy, "prep"))
-                splits = 1 if silu_out else self.tc_splits(tc, seg.rows, tokens, cols, rows)
+                splits = 1 if silu_out else self.tc_splits(tc, seg.rows, tokens, cols, rows, seg.format)
                 mm_flags = flags & (LINEAR_BIAS | LINEAR_RESIDUAL) if splits == 1 else 0
                 pipeline, params, grid = self.tc_kernel(tc, seg, cols, rows, tokens, mm_flags, silu_out)
                 dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "tc" if splits == 1 else "tc_partial"))
@@ -517,15 +517,15 @@ class Linear:
         grid = (-(-seg.rows // (16 * sn * tn)), -(-tokens // (16 * sm * tm)))
         return pipeline, params, ((grid[1], grid[0], 1) if tokens_first else (*grid, 1))
 
-    def tc_splits(self, tile: tuple[int, ...], rows: int, tokens: int, cols: int, y_stride: int) -> int:
+    def tc_splits(self, tile: tuple[int, ...], rows: int, tokens: int, cols: int, y_stride: int, fmt: str = "f16") -> int:
         """Workgroups splitting K for matmul_tc (grid z, then matmul_reduce): ``tc_splits`` if set,
-        else ``tc_split_counts[(rows, cols)]``, else enough for about ``sgmat_split_below``
+        else for f16 weights ``tc_split_counts[(rows, cols)]``, else enough for about ``sgmat_split_below``
         workgroups when they are fewer (at most ``sgmat_max_splits``, at least 4 K steps each),
         within one storage binding of partials."""
         tuning = self.tuning
         tm, tn, sm, sn, ku = tile[:5]
         groups = -(-rows // (16 * sn * tn)) * -(-tokens // (16 * sm * tm))
-        splits = tuning.tc_splits if tuning.tc_splits is not None else tuning.tc_split_counts.get((rows, cols))
+        splits = tuning.tc_splits if tuning.tc_splits is not None else tuning.tc_split_counts.get((rows, cols)) if fmt == "f16" else None
         if splits is None:
             splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
         splits = min(int(splits), cols // (16 * ku) // 4)

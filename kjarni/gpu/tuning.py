@@ -66,7 +66,9 @@ H200_TC_QUANT_TILES: dict[tuple[str, int, int], tuple[int, int, int, int, int, i
     ("Q5_0", 9728, 896): (4, 2, 2, 4, 2, 5),  # 0.5B gate_up
     ("Q4_K", 896, 4864): (4, 2, 2, 4, 2, 5),  # 0.5B down_proj
 }
-# (segment rows, cols) -> matmul_tc's K splits, over the rule (the shapes above that run unsplit).
+# (segment rows, cols) -> matmul_tc's K splits of f16 weights, over the rule (the shapes above that
+# run unsplit). Not for quantized weights: the 0.5B Q8_0 and Q4_K prefill lost 10-20% with their
+# qkv and o_proj tiles unsplit (58,572 and 46,448 tok/s against 65,501 and 58,124, eighteenth session).
 H200_TC_SPLITS: dict[tuple[int, int], int] = {(1152, 896): 1, (896, 896): 1, (2048, 1536): 1, (1536, 1536): 1}
 # (segment rows, cols) -> the first kernel's tile (matmul_sgmat), where it beats matmul_tc: none
 # since the eighteenth session (the 0.5B o_proj's (64, 128, 32, 2, 4), 36.2 us in the fifteenth
@@ -210,7 +212,7 @@ class GpuTuning:
     tc_splits: int | None = None
     """K split of matmul_tc over workgroups: None = automatic (the ``sgmat_split_*`` rule), or a count."""
     tc_split_counts: dict[tuple[int, int], int] = field(default_factory=lambda: dict(H200_TC_SPLITS))
-    """Per (rows, cols): K splits of matmul_tc, over the rule."""
+    """Per (rows, cols) of f16 weights: K splits of matmul_tc, over the rule (quantized weights keep the rule)."""
     sgmat_tiles: dict[tuple[int, int], tuple[int, int, int, int, int] | None] = field(
         default_factory=lambda: dict(H200_SGMAT_TILES))
     """The first tensor-core kernel (matmul_sgmat.tmpl.wgsl), only for the shapes named here:
