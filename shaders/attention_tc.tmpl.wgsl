@@ -2,7 +2,9 @@
 // on tensor cores (Dawn's chromium_experimental_subgroup_matrix, f16 x f16 -> f32 matrices of
 // MS x MS: 16 on NVIDIA, 8 on Mesa's lavapipe). Subgroup sg owns query rows sg MS .. sg MS + MS - 1
 // of the block; for each tile of BKT keys S = Q K^T and O += P V are subgroup-matrix products out
-// of workgroup memory, the softmax between them done by the lanes (LPR lanes a row, CPL keys each).
+// of workgroup memory, the softmax between them done by the lanes (LPR lanes a row, CPL keys each;
+// lane l takes row l % MS and keys l / MS + LPR i of a tile, S and P held column-major so that
+// the lanes of a step read and write distinct banks).
 // Two passes over the keys instead of an online softmax: a result matrix cannot be rescaled per
 // row in WGSL, so pass 1 finds each row's maximum score m (S only) and pass 2 accumulates
 // P = exp(S - m) (rounded to f16 for the product) and O += P V with no rescaling; l sums the
@@ -17,8 +19,8 @@
 // lie past its block's last position writes nothing.
 // Grid: (ceil(tokens / BQ), H, 1 or the splits); NW SG threads.
 // Workgroup memory: kv (the K tile, then the V tile, BKT x LDS f16 each; first the block's scaled
-// Q, BQ x LDS, which fits as BQ <= 2 BKT), s_sh (each subgroup's MS x BKT scores, then its output
-// matrices), p_sh (its P in f16, MS x LDP), ml_sh (its rows' m and l).
+// Q, BQ x LDS, which fits as BQ <= 2 BKT), s_sh (each subgroup's MS x BKT scores, column-major,
+// then its output matrices), p_sh (its P in f16, column-major), ml_sh (its rows' m and l).
 
 enable f16;
 enable subgroups;
@@ -33,7 +35,6 @@ const BQ: u32 = NW * MS;    // query rows a workgroup
 const WG: u32 = NW * SG;
 const D4: u32 = HEAD_DIM / 4u;
 const LDS: u32 = HEAD_DIM + 8u;  // kv rows, padded by 8 halves
-const LDP: u32 = BKT + 8u;       // p_sh rows
 const LPR: u32 = SG / MS;        // lanes a query row
 const CPL: u32 = BKT / LPR;      // keys a lane, a tile
 const NEG: f32 = -3.0e38;
@@ -47,7 +48,7 @@ override CHUNK: u32 = 0u;  // keys per split (0: no split, out is the attention 
 
 var<workgroup> kv: array<f16, 2u * BKT * LDS>;
 var<workgroup> s_sh: array<f32, NW * MS * BKT>;
-var<workgroup> p_sh: array<f16, NW * MS * LDP>;
+var<workgroup> p_sh: array<f16, NW * MS * BKT>;
 var<workgroup> ml_sh: array<vec2<f32>, BQ>;
 
 fn put4(i: u32, v: vec4<f32>) {
@@ -134,10 +135,10 @@ fn main(
     }
     workgroupBarrier();
 {{Q_LOAD}}
-    let r = lane / LPR;           // this lane's row of the subgroup's MS
-    let c0 = lane % LPR * CPL;    // and its first key of a tile
+    let r = lane % MS;     // this lane's row of the subgroup's MS
+    let part = lane / MS;  // and its keys of a tile: part + LPR i
     let pos = first + sg * MS + r;
-    let sbase = sg * MS * BKT;
+    let sbase = sg * MS * BKT;  // this subgroup's scores (column c at sbase + c MS) and P
     let kfirst = kmin - kmin % BKT;
 
     // Pass 1: each row's maximum visible score.
@@ -148,13 +149,14 @@ fn main(
         workgroupBarrier();
 {{S_BODY}}
         workgroupBarrier();
-        for (var c = c0; c < c0 + CPL; c++) {
+        for (var i = 0u; i < CPL; i++) {
+            let c = i * LPR + part;
             if (visible(k0 + c, pos, kmin, kmax)) {
-                m = max(m, s_sh[sbase + r * BKT + c]);
+                m = max(m, s_sh[sbase + c * MS + r]);
             }
         }
     }
-    for (var x = 1u; x < LPR; x *= 2u) {
+    for (var x = MS; x < SG; x *= 2u) {  // over the lanes of row r
         m = max(m, subgroupShuffleXor(m, x));
     }
 
@@ -167,22 +169,23 @@ fn main(
         workgroupBarrier();
 {{S_BODY}}
         workgroupBarrier();
-        for (var c = c0; c < c0 + CPL; c++) {
+        for (var i = 0u; i < CPL; i++) {
+            let c = i * LPR + part;
             var p = 0.0;
             if (visible(k0 + c, pos, kmin, kmax)) {
-                p = exp(s_sh[sbase + r * BKT + c] - m);
+                p = exp(s_sh[sbase + c * MS + r] - m);
             }
             let p16 = f16(p);
             l += f32(p16);
-            p_sh[sg * MS * LDP + r * LDP + c] = p16;
+            p_sh[sbase + c * MS + r] = p16;
         }
         workgroupBarrier();
 {{PV_BODY}}
     }
-    for (var x = 1u; x < LPR; x *= 2u) {
+    for (var x = MS; x < SG; x *= 2u) {
         l += subgroupShuffleXor(l, x);
     }
-    if (lane % LPR == 0u) {
+    if (part == 0u) {
         ml_sh[sg * MS + r] = vec2<f32>(m, l);
     }
     // The output matrices through s_sh, MS x MS at a time.

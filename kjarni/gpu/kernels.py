@@ -480,8 +480,8 @@ def attention_tc_variant(hd: int, ms: int, sg: int, nw: int, bkt: int) -> str:
 
 def attention_tc_bytes(hd: int, ms: int, sg: int, nw: int, bkt: int) -> int:
     """Workgroup memory of an ``attention_tc`` variant: the K and V tiles (f16, rows padded by 8),
-    the subgroups' scores (f32) and P (f16, rows padded by 8), and the rows' m and l."""
-    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * (bkt + 8) + 8 * nw * ms
+    the subgroups' scores (f32) and P (f16), and the rows' m and l."""
+    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * bkt + 8 * nw * ms
 
 
 def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[str, str]:
@@ -495,10 +495,10 @@ def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[st
         s_body += ["        {", f"            var s = {result}();"]
         s_body += [f"            s = subgroupMatrixMultiplyAccumulate(qm{k}, subgroupMatrixLoad<{right}, col_major>(&kv, {j * ms}u * LDS + "
                    f"{k * ms}u, LDS), s);" for k in dims]
-        s_body += [f"            subgroupMatrixStore<row_major>(&s_sh, sbase + {j * ms}u, s, BKT);", "        }"]
+        s_body += [f"            subgroupMatrixStore<col_major>(&s_sh, sbase + {j * ms}u * MS, s, MS);", "        }"]
     pv = []
     for j in keys:
-        pv += ["        {", f"            let pl = subgroupMatrixLoad<{left}, row_major>(&p_sh, sg * MS * LDP + {j * ms}u, LDP);"]
+        pv += ["        {", f"            let pl = subgroupMatrixLoad<{left}, col_major>(&p_sh, sbase + {j * ms}u * MS, MS);"]
         pv += [f"            o{d} = subgroupMatrixMultiplyAccumulate(pl, subgroupMatrixLoad<{right}, row_major>(&kv, BKT * LDS + "
                f"{j * ms}u * LDS + {d * ms}u, LDS), o{d});" for d in dims]
         pv += ["        }"]

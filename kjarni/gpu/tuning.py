@@ -349,7 +349,7 @@ class GpuTuning:
     attention_tc_keys: int = 32
     """Keys a tile of attention_tc: 32 or 64 (a variant beyond the device's workgroup memory falls
     back to 32, then to attention_tiled)."""
-    attention_tc_chunk: int = 128
+    attention_tc_chunk: int = 64
     """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
     no split), merged by attention_combine as attention_tiled's splits are."""
     attention_tiled: bool = True
