@@ -285,6 +285,7 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_tc_chunk, ops.tuning.attention_tc_keys, ops.tuning.attention_tc_warps = chunk, keys, warps
+    ops.tuning.attention_tc_head_dims = (64, 128)
     shape = ops._attention.tc_shape(head_dim)
     if shape is None:
         pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no square f16 subgroup-matrix "

@@ -344,6 +344,11 @@ class GpuTuning:
     subgroup-matrix configuration (Dawn; 16 x 16 on NVIDIA, 8 x 8 on Mesa's lavapipe):
     attention_tc.tmpl.wgsl, q (scaled) and the softmax weights rounded to f16 for its products
     (``NumpyOps(activations="f16")`` rounds the same). Else attention_tiled."""
+    attention_tc_head_dims: tuple[int, ...] = (64,)
+    """Head sizes attention_tc runs for (of 64 and 128). 128 is left to attention_tiled: on an
+    H100 the Qwen2.5-1.5B prefill ran 32,147 tok/s with it against 32,369 (2,581 against 2,432
+    GPU us of attention over 28 layers); the 0.5B's head size 64 gains (77,701 against 73,295 tok/s
+    in one call; eighteenth session, docs/benchmarks.md)."""
     attention_tc_warps: int = 4
     """Subgroups a workgroup of attention_tc (each MS query rows): 4 or 2."""
     attention_tc_keys: int = 32
@@ -351,7 +356,9 @@ class GpuTuning:
     back to 32, then to attention_tiled)."""
     attention_tc_chunk: int = 64
     """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
-    no split), merged by attention_combine as attention_tiled's splits are."""
+    no split), merged by attention_combine as attention_tiled's splits are. 0.5B f16 prefill on an
+    H100 (one call, before the column-major lanes): 75,449 tok/s at 64, 69,487 at 128, 69,348 at
+    256, 61,888 unsplit."""
     attention_tiled: bool = True
     """Prefill with head_dim 64 or 128: attention_tiled.tmpl.wgsl (else attention_prefill)."""
     attention_tiled_rows: int = 0
