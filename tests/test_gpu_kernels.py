@@ -331,6 +331,34 @@ def test_every_attention_tile_matches_numpy_where_it_fits(wgpu_context, shape, k
     assert f"attention_tiled.{kernels.attention_tiled_variant(hd, *ran)}" in calls and "attention_prefill" not in calls
 
 
+@pytest.mark.parametrize("shape", kernels.ATTENTION_TC_SHAPES, ids=lambda s: kernels.attention_tc_variant(*s))
+def test_attention_tc_workgroup_memory_is_what_the_host_checks(shape):
+    """The host picks attention_tc's variant by kernels.attention_tc_bytes: the figure must be the
+    shader's (its four workgroup arrays: kv and p_sh in f16, s_sh in f32, ml_sh in vec2<f32>), and
+    the block's Q staging must fit in kv (BQ rows <= 2 BKT)."""
+    import re
+
+    src = kernels.template("attention_tc", kernels.attention_tc_variant(*shape))
+    consts = {}
+    for name, value in re.findall(r"const (\w+): u32 = ([^;]+);", src):
+        consts[name] = eval(re.sub(r"(\d+)u", r"\1", value).replace("/", "//"), {}, consts)  # noqa: S307 (our own shader)
+    sizes = {"f16": 2, "f32": 4, "vec2<f32>": 8}
+    arrays = re.findall(r"var<workgroup> \w+: array<(f16|f32|vec2<f32>), ([^>]+)>;", src)
+    assert len(arrays) == len(re.findall(r"var<workgroup>", src)) == 4
+    total = sum(eval(re.sub(r"(\d+)u", r"\1", size), {}, consts) * sizes[kind] for kind, size in arrays)  # noqa: S307
+    assert total == kernels.attention_tc_bytes(*shape)
+    assert consts["BQ"] <= 2 * consts["BKT"] and consts["BKT"] % consts["LPR"] == 0
+
+
+def test_every_attention_tc_variant_compiles_with_tint(tint_compile):
+    """Dawn's WGSL compiler accepts every attention_tc variant, with the f16 and the f32 KV cache
+    (Null device: no GPU needed)."""
+    for shape in kernels.ATTENTION_TC_SHAPES:
+        name = kernels.attention_tc_variant(*shape)
+        for flags in (frozenset(), frozenset({"kv_f16"})):
+            tint_compile(kernels.template("attention_tc", name, flags), name)
+
+
 @pytest.mark.parametrize("shape", kernels.ATTENTION_TILED_SHAPES, ids=lambda s: kernels.attention_tiled_variant(*s))
 def test_attention_tiled_workgroup_memory_is_what_the_host_checks(shape):
     """The host picks a tile by kernels.attention_tiled_bytes: the figure must be the shader's."""
