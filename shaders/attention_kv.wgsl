@@ -59,3 +59,37 @@ fn load_k4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
 fn load_v4(kv_head: u32, pos: u32, c4: u32) -> vec4<f32> {
     return kv_unpack(raw_v4(kv_head, pos, c4));
 }
+
+// The prefill kernels' block (attention_tiled, attention_tc): workgroup wid's BQ = bq query rows
+// from wid.x bq (rows of them in the prompt) at positions first ..= last, and the keys kmin ..=
+// kmax they read (the window's; with chunk > 0 also split wid.z's); none: no row of the block
+// reaches that split, and the workgroup returns before any barrier.
+struct QueryBlock {
+    t0: u32,
+    rows: u32,
+    first: u32,
+    last: u32,
+    kmin: u32,
+    kmax: u32,
+    none: bool,
+}
+
+fn query_block(wid: vec3<u32>, bq: u32, chunk: u32) -> QueryBlock {
+    var b: QueryBlock;
+    b.t0 = wid.x * bq;
+    b.rows = min(bq, params.tokens - b.t0);
+    b.first = step.start + b.t0;
+    b.last = step.start + b.t0 + b.rows - 1u;
+    b.kmin = 0u;
+    if (params.window != 0u && b.first + 1u > params.window) {
+        b.kmin = b.first + 1u - params.window;
+    }
+    b.kmax = b.last;
+    b.none = false;
+    if (chunk > 0u) {
+        b.none = wid.z * chunk > b.last;
+        b.kmin = max(b.kmin, wid.z * chunk);
+        b.kmax = min(b.last, wid.z * chunk + chunk - 1u);
+    }
+    return b;
+}

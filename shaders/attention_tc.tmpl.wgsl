@@ -108,22 +108,14 @@ fn main(
 ) {
     let h = wid.y;
     let kv_head = h / (params.num_heads / params.num_kv_heads);
-    let t0 = wid.x * BQ;  // the block's first row
-    let rows = min(BQ, params.tokens - t0);
-    let first = step.start + t0;             // position of the block's first row
-    let last = step.start + t0 + rows - 1u;  // and of its last
-    var kmin = 0u;
-    if (params.window != 0u && first + 1u > params.window) {
-        kmin = first + 1u - params.window;
+    let block = query_block(wid, BQ, CHUNK);
+    if (block.none) {
+        return;  // no row of the block reaches this split (uniform: before any barrier)
     }
-    var kmax = last;
-    if (CHUNK > 0u) {
-        if (wid.z * CHUNK > last) {
-            return;  // no row of the block reaches this split (uniform: before any barrier)
-        }
-        kmin = max(kmin, wid.z * CHUNK);
-        kmax = min(last, wid.z * CHUNK + CHUNK - 1u);
-    }
+    let t0 = block.t0;  // the block's first row
+    let first = block.first;  // position of the block's first row
+    let kmin = block.kmin;
+    let kmax = block.kmax;
     // Q times the scale, in f16, into kv: rows past the prompt read zeros (never stored).
     for (var i = lid; i < BQ * D4; i += WG) {
         let t = t0 + i / D4;

@@ -106,22 +106,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_head = h / (params.num_heads / params.num_kv_heads);
     let tx = lid % 16u;
     let ty = lid / 16u;
-    let t0 = wid.x * BQ;  // the block's first row
-    let rows = min(BQ, params.tokens - t0);
-    let first = step.start + t0;             // position of the block's first row
-    let last = step.start + t0 + rows - 1u;  // and of its last
-    var kmin = 0u;
-    if (params.window != 0u && first + 1u > params.window) {
-        kmin = first + 1u - params.window;
+    let block = query_block(wid, BQ, CHUNK);
+    if (block.none) {
+        return;  // no row of the block reaches this split (uniform: before any barrier)
     }
-    var kmax = last;
-    if (CHUNK > 0u) {
-        if (wid.z * CHUNK > last) {
-            return;  // no row of the block reaches this split (uniform: before any barrier)
-        }
-        kmin = max(kmin, wid.z * CHUNK);
-        kmax = min(last, wid.z * CHUNK + CHUNK - 1u);
-    }
+    let t0 = block.t0;  // the block's first row
+    let rows = block.rows;
+    let first = block.first;  // position of the block's first row
+    let kmin = block.kmin;
+    let kmax = block.kmax;
 
     // Q (times the scale) into [d4][row]; rows past the prompt read the last row (never stored).
     for (var i = lid; i < D4 * BQ; i += 128u) {
