@@ -233,9 +233,9 @@ class Attention:
     def tc_shape(self, hd: int) -> tuple[int, int, int, int] | None:
         """(MS, SG, NW, BKT) of attention_tc for a prefill with head size ``hd``, or None:
         ``attention_tc`` on, ``hd`` in ``attention_tc_head_dims``, a square f16 subgroup-matrix
-        configuration (``context.f16_matrix``),
-        a variant of ``hd`` and ``attention_tc_warps`` / ``_keys`` (keys falling back to 32) within
-        the device's workgroup memory, and a chunk that is a multiple of its keys."""
+        configuration (``context.f16_matrix``), a variant of ``hd`` and ``attention_tc_warps`` /
+        ``_keys`` (keys falling back to 32) within the device's workgroup memory, and a chunk that
+        is a multiple of its keys."""
         tuning, config = self.tuning, self.context.f16_matrix
         if not tuning.attention_tc or config is None or hd not in tuning.attention_tc_head_dims:
             return None
