@@ -18,6 +18,8 @@
 // and m = -3e38 where a row sees none of them), for attention_combine; a workgroup whose keys all
 // lie past its block's last position writes nothing.
 // Grid: (ceil(tokens / BQ), H, 1 or the splits); NW SG threads.
+// With the flag prefetch, each tile's K (and V) loads are issued before the previous tile's
+// products, into registers (attention_tiled's way); without it, right before the tile's stores.
 // Workgroup memory: kv (the K tile, then the V tile, BKT x LDS f16 each; first the block's scaled
 // Q, BQ x LDS, which fits as BQ <= 2 BKT), s_sh (each subgroup's MS x BKT scores, column-major,
 // then its output matrices), p_sh (its P in f16, column-major), ml_sh (its rows' m and l).
@@ -59,25 +61,23 @@ fn put4(i: u32, v: vec4<f32>) {
     kv[i + 3u] = h.w;
 }
 
-// The K tile of keys k0 .. k0 + BKT - 1 (and with v, the V tile after it) into kv, zeros for keys
-// past kmax (not this forward's, or not this split's).
-fn load_tile(kv_head: u32, k0: u32, kmax: u32, v: bool, lid: u32) {
-    for (var i = lid; i < BKT * D4; i += WG) {
-        let key = k0 + i / D4;
-        let at = i / D4 * LDS + 4u * (i % D4);
-        var kk = vec4<f32>();
-        var vv = vec4<f32>();
-        if (key <= kmax) {
-            kk = load_k4(kv_head, key, i % D4);
-            if (v) {
-                vv = load_v4(kv_head, key, i % D4);
-            }
-        }
-        put4(at, kk);
-        if (v) {
-            put4(BKT * LDS + at, vv);
-        }
-    }
+// One thread's share of a K tile (and with v, of its V tile) as loaded: element i = lid + WG n of
+// the tile (key i / D4, dims 4 (i % D4) ..), for n < BKT D4 / WG; converted when stored.
+struct KVTile {
+{{TILE_FIELDS}}
+}
+
+// Keys k0 .. k0 + BKT - 1 from the cache, zeros for keys past kmax (not this forward's, or not
+// this split's).
+fn fetch_tile(kv_head: u32, k0: u32, kmax: u32, v: bool, lid: u32) -> KVTile {
+    var t = KVTile();
+{{TILE_FETCH}}
+    return t;
+}
+
+// A fetched tile into kv: K at 0, V (with v) at BKT LDS, as f16 rows of LDS.
+fn store_tile(t: KVTile, v: bool, lid: u32) {
+{{TILE_STORE}}
 }
 
 fn visible(key: u32, pos: u32, kmin: u32, kmax: u32) -> bool {
@@ -135,10 +135,21 @@ fn main(
 
     // Pass 1: each row's maximum visible score.
     var m = NEG;
+// #if prefetch
+    var tile = fetch_tile(kv_head, kfirst, kmax, false, lid);
+// #endif
     for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
         workgroupBarrier();  // the previous tile's (or Q's) reads of kv are done
-        load_tile(kv_head, k0, kmax, false, lid);
+// #if prefetch
+        store_tile(tile, false, lid);
         workgroupBarrier();
+        if (k0 + BKT <= kmax) {
+            tile = fetch_tile(kv_head, k0 + BKT, kmax, false, lid);  // in flight while this tile computes
+        }
+// #else
+        store_tile(fetch_tile(kv_head, k0, kmax, false, lid), false, lid);
+        workgroupBarrier();
+// #endif
 {{S_BODY}}
         workgroupBarrier();
         for (var i = 0u; i < CPL; i++) {
@@ -155,10 +166,21 @@ fn main(
     // Pass 2: P = exp(S - m) in f16, O += P V, l = the sum of the rounded P.
     var l = 0.0;
 {{O_DECL}}
+// #if prefetch
+    tile = fetch_tile(kv_head, kfirst, kmax, true, lid);
+// #endif
     for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
         workgroupBarrier();
-        load_tile(kv_head, k0, kmax, true, lid);
+// #if prefetch
+        store_tile(tile, true, lid);
         workgroupBarrier();
+        if (k0 + BKT <= kmax) {
+            tile = fetch_tile(kv_head, k0 + BKT, kmax, true, lid);  // in flight while this tile computes
+        }
+// #else
+        store_tile(fetch_tile(kv_head, k0, kmax, true, lid), true, lid);
+        workgroupBarrier();
+// #endif
 {{S_BODY}}
         workgroupBarrier();
         for (var i = 0u; i < CPL; i++) {

@@ -271,8 +271,8 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
 
 @pytest.mark.parametrize("head_dim, kv_format, chunk, window, keys", [
     (64, "f16", 0, None, 32), (128, "f16", 32, None, 32), (64, "f32", 64, 23, 32), (128, "f16", 0, 50, 32), (64, "f16", 64, None, 64)])
-@pytest.mark.parametrize("warps", [4, 2])
-def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps):
+@pytest.mark.parametrize("warps, prefetch", [(4, False), (2, False), (4, True)])
+def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps, prefetch):
     """attention_tc (tensor cores: Dawn with a square f16 subgroup-matrix configuration, 16 x 16 on
     NVIDIA, 8 x 8 on Mesa 26's lavapipe) against NumpyOps(activations="f16"), which rounds the
     scaled q, keys, values and softmax weights to f16 as it does: a 37-token prompt, then 70 and
@@ -286,14 +286,16 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_tc_chunk, ops.tuning.attention_tc_keys, ops.tuning.attention_tc_warps = chunk, keys, warps
     ops.tuning.attention_tc_head_dims = (64, 128)
+    ops.tuning.attention_tc_prefetch = prefetch  # the next tile's loads in flight during this one's products
     shape = ops._attention.tc_shape(head_dim)
     if shape is None:
         pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no square f16 subgroup-matrix "
                     "configuration for this variant (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
     ref16 = NumpyOps(activations="f16", f16_activation_min_tokens=ops.tuning.matvec_max_tokens + 1)
-    calls = []
+    calls, flags = [], []
     real = ops.context.pipeline
-    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or real(kernel, kinds, **kw)
+    ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or flags.append((kernel, kw.get("flags", ()))) or real(
+        kernel, kinds, **kw)
     caches, start = [], 0
     try:
         for tokens, (_, q_ref, out, out_ref) in zip([37, 70, 12], _attention_case(
@@ -308,6 +310,7 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     finally:
         del ops.context.pipeline
     assert f"attention_tc.{kernels.attention_tc_variant(head_dim, *shape)}" in calls
+    assert {"prefetch" in f for k, f in flags if k.startswith("attention_tc")} == {prefetch}
     assert ("attention_combine" in calls) == (chunk > 0)
 
 

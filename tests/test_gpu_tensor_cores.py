@@ -428,6 +428,25 @@ def test_token_major_order_per_shape_overrides_the_global_flag():
     assert up[0].endswith("+tf") and not down[0].endswith("+tf") and not other[0].endswith("+tf")
 
 
+def test_bench_gpu_set_takes_numbers_and_lists_of_ints():
+    """tools/bench_gpu.py --set NAME=VALUE: an int or float field, or a tuple field as comma-separated
+    ints; an unknown field or a bad value is an error message naming it, the tuning unchanged."""
+    import sys
+    from pathlib import Path
+
+    from kjarni.gpu.tuning import GpuTuning
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_gpu
+
+    tuning = GpuTuning()
+    assert bench_gpu._set_field(tuning, "attention_tc_head_dims=64,128") is None and tuning.attention_tc_head_dims == (64, 128)
+    assert bench_gpu._set_field(tuning, "attention_tc_chunk=128") is None and tuning.attention_tc_chunk == 128
+    assert "comma-separated ints" in bench_gpu._set_field(tuning, "attention_tc_head_dims=x")
+    assert "no field 'nope'" in bench_gpu._set_field(tuning, "nope=1")
+    assert tuning.attention_tc_head_dims == (64, 128)
+
+
 def test_bench_gpu_sweep_choice_overrides_only_the_shapes_it_names():
     """tools/bench_gpu.py --sgmat-choice: a sweep of some shapes keeps the other shapes' default
     tiles; each named shape gets its kernel family, tile, K split and grid order."""

@@ -475,15 +475,20 @@ def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
 
 
 def _set_field(tuning: GpuTuning, item: str) -> str | None:
-    """Apply one ``--set NAME=VALUE`` (an int or float) to ``tuning``; an error message, or None."""
+    """Apply one ``--set NAME=VALUE`` (an int or float; for a tuple field such as
+    ``attention_tc_head_dims``, comma-separated ints) to ``tuning``; an error message, or None."""
     name, _, value = item.partition("=")
     known = tuning.field_names()
     if name not in known:
         return f"--set {item}: GpuTuning has no field {name!r}; its fields: {', '.join(known)}"
     try:
-        setattr(tuning, name, float(value) if "." in value else int(value))
+        if isinstance(getattr(tuning, name), tuple):
+            setattr(tuning, name, tuple(int(v) for v in value.split(",") if v))
+        else:
+            setattr(tuning, name, float(value) if "." in value else int(value))
     except ValueError:
-        return f"--set {item}: {value!r} is not an int or a float"
+        wanted = "comma-separated ints" if isinstance(getattr(tuning, name), tuple) else "an int or a float"
+        return f"--set {item}: {value!r} is not {wanted}"
     return None
 
 

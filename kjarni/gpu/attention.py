@@ -181,9 +181,10 @@ class Attention:
             variant = kernels.attention_tc_variant(hd, *tc)
             chunk, splits = self.key_chunk(tuning.attention_tc_chunk, tokens, heads, hd, start)
             grid = (-(-tokens // (tc[0] * tc[2])), heads, splits)
-            attn = ctx.pipeline(f"attention_tc.{variant}", ATTENTION_KINDS, flags=flags,
+            tc_flags = (*flags, "prefetch") if tuning.attention_tc_prefetch else flags
+            attn = ctx.pipeline(f"attention_tc.{variant}", ATTENTION_KINDS, flags=tc_flags,
                                 constants={"CHUNK": chunk} if splits > 1 else None,
-                                source=lambda: kernels.template("attention_tc", variant, frozenset(flags)))
+                                source=lambda: kernels.template("attention_tc", variant, frozenset(tc_flags)))
             if splits <= 1:
                 ctx.dispatch(attn, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
                 return out

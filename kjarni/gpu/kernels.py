@@ -465,7 +465,7 @@ def attention_tiled_fields(hd: int, bq: int, bkt: int) -> dict[str, str]:
 
 ATTENTION_TC_SHAPES: tuple[tuple[int, int, int, int, int], ...] = tuple(
     (hd, ms, sg, nw, bkt) for hd in (64, 128) for ms, sg in ((16, 32), (16, 64), (8, 8)) for nw, bkt in ((4, 32), (2, 32), (4, 64))
-    if nw * ms <= 2 * bkt and bkt % (sg // ms) == 0
+    if nw * ms <= 2 * bkt and bkt % (sg // ms) == 0 and bkt * hd // 4 % (nw * sg) == 0
 )
 """The tensor-core prefill attention's variants (``attention_tc.tmpl.wgsl``): (head_dim, MS the
 f16 matrix size, SG the subgroup size of that configuration, NW subgroups a workgroup (NW MS query
@@ -509,7 +509,20 @@ def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[st
                   "        if (t < params.tokens) {",
                   f"            store(wid.z, t, h, {d * ms}u + e % MS, s_sh[sbase + e], ml_sh[sg * MS + e / MS]);",
                   "        }", "    }"]
+    loads = range(bkt * hd // 4 // (nw * sg))  # a thread's K (and V) loads of a tile
+    fetch = []
+    for n in loads:
+        fetch += ["    {", f"        let i = lid + {n}u * WG;", "        let key = k0 + i / D4;", "        if (key <= kmax) {",
+                  f"            t.k{n} = raw_k4(kv_head, key, i % D4);", "            if (v) {",
+                  f"                t.v{n} = raw_v4(kv_head, key, i % D4);", "            }", "        }", "    }"]
+    tile_store = []
+    for n in loads:
+        tile_store += ["    {", f"        let i = lid + {n}u * WG;", "        let at = i / D4 * LDS + 4u * (i % D4);",
+                       f"        put4(at, kv_unpack(t.k{n}));", "        if (v) {", f"            put4(BKT * LDS + at, kv_unpack(t.v{n}));",
+                       "        }", "    }"]
     return {"HEAD_DIM": str(hd), "MS": str(ms), "SG": str(sg), "NW": str(nw), "BKT": str(bkt), "Q_LOAD": "\n".join(q_load),
+            "TILE_FIELDS": "\n".join(f"    k{n}: KVRaw,\n    v{n}: KVRaw," for n in loads),
+            "TILE_FETCH": "\n".join(fetch), "TILE_STORE": "\n".join(tile_store),
             "S_BODY": "\n".join(s_body), "O_DECL": "\n".join(f"    var o{d} = {result}();" for d in dims),
             "PV_BODY": "\n".join(pv), "STORE": "\n".join(store)}
 

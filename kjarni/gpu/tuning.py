@@ -354,6 +354,11 @@ class GpuTuning:
     attention_tc_keys: int = 32
     """Keys a tile of attention_tc: 32 or 64 (a variant beyond the device's workgroup memory falls
     back to 32, then to attention_tiled)."""
+    attention_tc_prefetch: bool = False
+    """attention_tc with its next tile's K (and V) loads issued before the current tile's
+    products (the flag prefetch, attention_tiled's way) instead of right before the tile's
+    stores. Off: not measured on a GPU yet (written in the eighteenth session, after its device
+    time, as the first suspect for attention_tc's cost a tile; its tests pass on Mesa 26's lavapipe)."""
     attention_tc_chunk: int = 64
     """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
     no split), merged by attention_combine as attention_tiled's splits are. 0.5B f16 prefill on an
