@@ -80,6 +80,23 @@ fn store_tile(t: KVTile, v: bool, lid: u32) {
 {{TILE_STORE}}
 }
 
+// The barrier after the previous tile's reads of kv, then tile k0 into kv (K; with v, V too) and a
+// barrier. With prefetch the tile came into *tile a tile ago, and tile k0 + BKT's loads are
+// issued into it now, in flight while this tile computes.
+fn next_tile(tile: ptr<function, KVTile>, kv_head: u32, k0: u32, kmax: u32, v: bool, lid: u32) {
+    workgroupBarrier();
+// #if prefetch
+    store_tile(*tile, v, lid);
+    workgroupBarrier();
+    if (k0 + BKT <= kmax) {
+        *tile = fetch_tile(kv_head, k0 + BKT, kmax, v, lid);
+    }
+// #else
+    store_tile(fetch_tile(kv_head, k0, kmax, v, lid), v, lid);
+    workgroupBarrier();
+// #endif
+}
+
 fn visible(key: u32, pos: u32, kmin: u32, kmax: u32) -> bool {
     return key >= kmin && key <= kmax && key <= pos && (params.window == 0u || key + params.window > pos);
 }
@@ -135,21 +152,12 @@ fn main(
 
     // Pass 1: each row's maximum visible score.
     var m = NEG;
+    var tile = KVTile();  // with prefetch, the next tile's loads
 // #if prefetch
-    var tile = fetch_tile(kv_head, kfirst, kmax, false, lid);
+    tile = fetch_tile(kv_head, kfirst, kmax, false, lid);
 // #endif
     for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
-        workgroupBarrier();  // the previous tile's (or Q's) reads of kv are done
-// #if prefetch
-        store_tile(tile, false, lid);
-        workgroupBarrier();
-        if (k0 + BKT <= kmax) {
-            tile = fetch_tile(kv_head, k0 + BKT, kmax, false, lid);  // in flight while this tile computes
-        }
-// #else
-        store_tile(fetch_tile(kv_head, k0, kmax, false, lid), false, lid);
-        workgroupBarrier();
-// #endif
+        next_tile(&tile, kv_head, k0, kmax, false, lid);
 {{S_BODY}}
         workgroupBarrier();
         for (var i = 0u; i < CPL; i++) {
@@ -170,17 +178,7 @@ fn main(
     tile = fetch_tile(kv_head, kfirst, kmax, true, lid);
 // #endif
     for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
-        workgroupBarrier();
-// #if prefetch
-        store_tile(tile, true, lid);
-        workgroupBarrier();
-        if (k0 + BKT <= kmax) {
-            tile = fetch_tile(kv_head, k0 + BKT, kmax, true, lid);  // in flight while this tile computes
-        }
-// #else
-        store_tile(fetch_tile(kv_head, k0, kmax, true, lid), true, lid);
-        workgroupBarrier();
-// #endif
+        next_tile(&tile, kv_head, k0, kmax, true, lid);
 {{S_BODY}}
         workgroupBarrier();
         for (var i = 0u; i < CPL; i++) {
