@@ -93,6 +93,13 @@ fn row(wx: u32, sn: u32, j: u32) -> u32 {
 }
 // #if silu
 
+const_assert TN % 2u == 0u;  // matrix j of a subgroup column pairs with j + TN / 2
+
+// Values 2 p and 2 p + 1 of the result matrix this subgroup last stored to cs (row-major).
+fn cs_pair(sg: u32, p: u32) -> vec2<f32> {
+    return vec2<f32>(cs[sg * 256u + 2u * p], cs[sg * 256u + 2u * p + 1u]);
+}
+
 // silu(g) u rounded to f16 (as matmul_tc_prep.wgsl computes it), two outputs of a result matrix
 // pair at a time: pair p of the 16 x 16 matrix at tokens t.., outputs c.. of y ([tokens,
 // params.rows / 2] f16, read in pairs).

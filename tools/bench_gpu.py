@@ -481,14 +481,11 @@ def _set_field(tuning: GpuTuning, item: str) -> str | None:
     known = tuning.field_names()
     if name not in known:
         return f"--set {item}: GpuTuning has no field {name!r}; its fields: {', '.join(known)}"
+    listed = isinstance(getattr(tuning, name), tuple)
     try:
-        if isinstance(getattr(tuning, name), tuple):
-            setattr(tuning, name, tuple(int(v) for v in value.split(",") if v))
-        else:
-            setattr(tuning, name, float(value) if "." in value else int(value))
+        setattr(tuning, name, tuple(int(v) for v in value.split(",") if v) if listed else float(value) if "." in value else int(value))
     except ValueError:
-        wanted = "comma-separated ints" if isinstance(getattr(tuning, name), tuple) else "an int or a float"
-        return f"--set {item}: {value!r} is not {wanted}"
+        return f"--set {item}: {value!r} is not {'comma-separated ints' if listed else 'an int or a float'}"
     return None
 
 

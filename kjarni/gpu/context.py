@@ -202,20 +202,16 @@ class WgpuContext:
         self.has_f16 = "shader-f16" in self.features
         self.has_subgroups = use_subgroups and "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
-        # Tensor cores for f16 prefill matmuls (matmul_sgmat.tmpl.wgsl): the subgroup size of the
-        # adapter's f16 subgroup-matrix configuration, None without one (always on wgpu-native).
-        self.f16_matrix_subgroup = (
-            self.runtime.f16_matrix_subgroup_size(self.adapter)
-            if "subgroup-matrix" in self.features and self.has_f16 and self.has_subgroups and self.adapter is not None
-            else None
-        )
-        # The tensor-core prefill attention (attention_tc.tmpl.wgsl): (matrix size, subgroup size)
-        # of a square f16 configuration, 16 or 8 (Mesa's lavapipe offers 8 x 8 x 8 only).
+        # Tensor cores (Dawn): (matrix size, subgroup size) of a square f16 subgroup-matrix
+        # configuration, 16 or 8 (Mesa's lavapipe offers 8 x 8 x 8 only; attention_tc runs on
+        # either), None without one (always on wgpu-native); the prefill matmuls need 16 x 16 and
+        # read its subgroup size from f16_matrix_subgroup.
         self.f16_matrix = (
             self.runtime.f16_matrix_config(self.adapter)
             if "subgroup-matrix" in self.features and self.has_f16 and self.has_subgroups and self.adapter is not None
             else None
         )
+        self.f16_matrix_subgroup = self.f16_matrix[1] if self.f16_matrix is not None and self.f16_matrix[0] == 16 else None
         self.max_buffer_size = int(limits["max-buffer-size"])
         self.max_binding_size = int(limits["max-storage-buffer-binding-size"])
         if max_binding_size is not None:

@@ -176,20 +176,17 @@ class Runtime:
 
     def f16_matrix_subgroup_size(self, adapter: Any) -> int | None:
         """The subgroup size of the adapter's f16 x f16 -> f32 16x16x16 subgroup-matrix
-        configuration (what ``matmul_sgmat.tmpl.wgsl`` needs), or None where it has none (wgpu;
-        Dawn without ``vulkan_enable_f16_on_nvidia`` on NVIDIA; most Mesa drivers)."""
-        for config in self.adapter_extras(adapter).get("subgroup_matrix_configs") or ():
-            if (config.get("component_type"), config.get("result_component_type")) == ("f16", "f32") and (
-                config.get("m"), config.get("n"), config.get("k")) == (16, 16, 16):
-                size = int(config.get("min_subgroup_size") or 0)
-                if size == int(config.get("max_subgroup_size") or 0) and size in (32, 64):
-                    return size
-        return None
+        configuration (what ``matmul_sgmat.tmpl.wgsl`` and ``matmul_tc.tmpl.wgsl`` need), or None
+        where it has none (wgpu; Dawn without ``vulkan_enable_f16_on_nvidia`` on NVIDIA; most Mesa
+        drivers): `f16_matrix_config`'s, where that is 16 x 16."""
+        config = self.f16_matrix_config(adapter)
+        return config[1] if config is not None and config[0] == 16 else None
 
     def f16_matrix_config(self, adapter: Any) -> tuple[int, int] | None:
         """(M, subgroup size) of the adapter's square f16 x f16 -> f32 subgroup-matrix
-        configuration at one fixed subgroup size, 16 x 16 x 16 where there is one (NVIDIA), else
-        8 x 8 x 8 (Mesa 26's lavapipe): what ``attention_tc.tmpl.wgsl`` runs on; None without."""
+        configuration at one fixed subgroup size: the first 16 x 16 x 16 one at 32 or 64 (NVIDIA),
+        else the first 8 x 8 x 8 at 8 (Mesa 26's lavapipe); None without. ``attention_tc.tmpl.wgsl``
+        runs on either, the matmul kernels on 16 x 16 only."""
         found = []
         for config in self.adapter_extras(adapter).get("subgroup_matrix_configs") or ():
             m = config.get("m")
@@ -198,7 +195,7 @@ class Runtime:
                     and (config.get("n"), config.get("k")) == (m, m) and size == int(config.get("max_subgroup_size") or 0)
                     and size in ((32, 64) if m == 16 else (8,))):
                 found.append((int(m), size))
-        return max(found) if found else None
+        return next((c for c in found if c[0] == 16), found[0] if found else None)
 
     # ------------------------------------------------------------ shaders and recording
 
