@@ -5,10 +5,16 @@
 // of workgroup memory, the softmax between them done by the lanes (LPR lanes a row, CPL keys each;
 // lane l takes row l % MS and keys l / MS + LPR i of a tile, S and P held column-major so that
 // the lanes of a step read and write distinct banks).
-// Two passes over the keys instead of an online softmax: a result matrix cannot be rescaled per
-// row in WGSL, so pass 1 finds each row's maximum score m (S only) and pass 2 accumulates
-// P = exp(S - m) (rounded to f16 for the product) and O += P V with no rescaling; l sums the
-// rounded P. What NumpyOps(activations="f16") rounds: q scale and P to f16, f32 sums.
+// Two passes over the keys: a result matrix cannot be rescaled per row in WGSL, so pass 1 finds
+// each row's maximum score m (S only) and pass 2 accumulates P = exp(S - m) (rounded to f16 for
+// the product) and O += P V with no rescaling; l sums the rounded P. What
+// NumpyOps(activations="f16") rounds: q scale and P to f16, f32 sums.
+// With the flag online, one pass: m is the first visible tile's row maximum, and is raised only
+// when a later tile's exceeds it by more than GROW (so P <= e^GROW = 256, in f16's range). Then the
+// rows' scale exp(m_old - m_new) goes to alpha_sh, every subgroup takes its O matrices through
+// s_sh to scale their rows (a branch the whole workgroup takes: grow_sh, read uniform), and l is
+// scaled with them. P is rounded to f16 against that m, not the row's last maximum, as a split's
+// is against its own.
 // One variant per (HEAD_DIM, MS, SG, NW, BKT) (kernels.attention_tc_fields writes out the matrix
 // code). Bindings: attention_tiled's (attention_kv.wgsl): params, step, q [tokens, H hd] f32,
 // k_cache, v_cache (f32 or f16), out [tokens, H hd] f32 (or, with CHUNK, its partials).
@@ -52,6 +58,9 @@ var<workgroup> kv: array<f16, 2u * BKT * LDS>;
 var<workgroup> s_sh: array<f32, NW * MS * BKT>;
 var<workgroup> p_sh: array<f16, NW * MS * BKT>;
 var<workgroup> ml_sh: array<vec2<f32>, BQ>;
+var<workgroup> alpha_sh: array<f32, BQ>;  // online: each row's scale of this tile (1: none)
+var<workgroup> grow_sh: array<u32, NW>;   // online: 1 where a subgroup's rows need it this tile
+const GROW: f32 = 5.5451774;              // online: 8 ln 2, so P <= 256
 
 fn put4(i: u32, v: vec4<f32>) {
     let h = vec4<f16>(v);
@@ -150,8 +159,67 @@ fn main(
     let sbase = sg * MS * BKT;  // this subgroup's scores (column c at sbase + c MS) and P
     let kfirst = kmin - kmin % BKT;
 
-    // Pass 1: each row's maximum visible score.
     var m = NEG;
+// #if online
+    // One pass: the tile's scores, m raised where they exceed it by more than GROW (O and l
+    // rescaled), then P = exp(S - m) and O += P V.
+    var l = 0.0;
+{{O_DECL}}
+    var tile = KVTile();
+// #if prefetch
+    tile = fetch_tile(kv_head, kfirst, kmax, true, lid);
+// #endif
+    for (var k0 = kfirst; k0 <= kmax; k0 += BKT) {
+        next_tile(&tile, kv_head, k0, kmax, true, lid);
+{{S_BODY}}
+        workgroupBarrier();
+        var tm = NEG;
+        for (var i = 0u; i < CPL; i++) {
+            let c = i * LPR + part;
+            if (visible(k0 + c, pos, kmin, kmax)) {
+                tm = max(tm, s_sh[sbase + c * MS + r]);
+            }
+        }
+        for (var x = MS; x < SG; x *= 2u) {  // over the lanes of row r
+            tm = max(tm, subgroupShuffleXor(tm, x));
+        }
+        var alpha = 1.0;
+        if (tm > m + GROW) {
+            if (m > NEG) {
+                alpha = exp(m - tm);  // the row's O so far is rescaled below
+            }
+            m = tm;
+        }
+        l *= alpha;
+        for (var i = 0u; i < CPL; i++) {
+            let c = i * LPR + part;
+            var p = 0.0;
+            if (visible(k0 + c, pos, kmin, kmax)) {
+                p = exp(s_sh[sbase + c * MS + r] - m);
+            }
+            let p16 = f16(p);
+            l += f32(p16);
+            p_sh[sbase + c * MS + r] = p16;
+        }
+        if (part == 0u) {
+            alpha_sh[sg * MS + r] = alpha;
+        }
+        let grow = subgroupAny(alpha != 1.0);
+        if (lane == 0u) {
+            grow_sh[sg] = select(0u, 1u, grow);
+        }
+        let grows = workgroupUniformLoad(&grow_sh);  // a barrier: P, alpha_sh visible, s_sh free
+        var any = 0u;
+        for (var i = 0u; i < NW; i++) {
+            any |= grows[i];
+        }
+        if (any != 0u) {
+{{RESCALE}}
+        }
+{{PV_BODY}}
+    }
+// #else
+    // Pass 1: each row's maximum visible score.
     var tile = KVTile();  // with prefetch, the next tile's loads
 // #if prefetch
     tile = fetch_tile(kv_head, kfirst, kmax, false, lid);
@@ -194,6 +262,7 @@ fn main(
         workgroupBarrier();
 {{PV_BODY}}
     }
+// #endif
     for (var x = MS; x < SG; x *= 2u) {
         l += subgroupShuffleXor(l, x);
     }

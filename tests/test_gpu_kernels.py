@@ -145,11 +145,12 @@ def test_rows_is_one_dispatch_giving_exactly_those_rows(gpu_ops, tokens, feature
 
 
 def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0, window=None,
-                    reference=ref, tc=False, caches=None):
+                    reference=ref, tc=False, caches=None, key_growth=0.0):
     """Run rope_store + attention for token counts ``steps`` on GPU and ``reference``; yield both
     outputs (``caches``, a list: the reference's KV cache appended to it). The tensor-core prefill
     attention (attention_tc, on Dawn) runs only with ``tc``: it rounds q and the softmax weights
-    to f16, which the f32 reference does not."""
+    to f16, which the f32 reference does not. ``key_growth``: the key at position p is scaled by
+    1 + key_growth p, so later keys score higher."""
     from kjarni.model import rope_table
 
     ops.tuning.attention_tc = tc
@@ -168,6 +169,7 @@ def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, cap
     start = 0
     for tokens in steps:
         qkv = rand(rng, tokens, (heads + 2 * kv_heads) * head_dim)
+        qkv[:, heads * head_dim : (heads + kv_heads) * head_dim] *= (1 + key_growth * np.arange(start, start + tokens, dtype=np.float32))[:, None]
         q = ops.rope_store(upload(ops, qkv), g_rope, gpu_cache, 1, start)
         out = ops.read(ops.attention(q, gpu_cache, 1, start, window))
         q_ref = reference.rope_store(qkv, rope, cpu_cache, 1, start)
@@ -271,8 +273,10 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
 
 @pytest.mark.parametrize("head_dim, kv_format, chunk, window, keys", [
     (64, "f16", 0, None, 32), (128, "f16", 32, None, 32), (64, "f32", 64, 23, 32), (128, "f16", 0, 50, 32), (64, "f16", 64, None, 64)])
-@pytest.mark.parametrize("warps, prefetch", [(4, False), (2, False), (4, True)])
-def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps, prefetch):
+@pytest.mark.parametrize("warps, prefetch, online", [(4, False, False), (2, False, False), (4, True, False), (4, False, True),
+                                                    (2, True, True)])
+def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps, prefetch,
+                                                      online):
     """attention_tc (tensor cores: Dawn with a square f16 subgroup-matrix configuration, 16 x 16 on
     NVIDIA, 8 x 8 on Mesa 26's lavapipe) against NumpyOps(activations="f16"), which rounds the
     scaled q, keys, values and softmax weights to f16 as it does: a 37-token prompt, then 70 and
@@ -287,6 +291,7 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     ops.tuning.attention_tc_chunk, ops.tuning.attention_tc_keys, ops.tuning.attention_tc_warps = chunk, keys, warps
     ops.tuning.attention_tc_head_dims = (64, 128)
     ops.tuning.attention_tc_prefetch = prefetch  # the next tile's loads in flight during this one's products
+    ops.tuning.attention_tc_online = online  # one pass, the rows' maxima raised as tiles exceed them
     shape = ops._attention.tc_shape(head_dim)
     if shape is None:
         pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no square f16 subgroup-matrix "
@@ -311,7 +316,44 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
         del ops.context.pipeline
     assert f"attention_tc.{kernels.attention_tc_variant(head_dim, *shape)}" in calls
     assert {"prefetch" in f for k, f in flags if k.startswith("attention_tc")} == {prefetch}
+    assert {"online" in f for k, f in flags if k.startswith("attention_tc")} == {online}
     assert ("attention_combine" in calls) == (chunk > 0)
+
+
+@pytest.mark.parametrize("chunk", [0, 64])
+def test_attention_tc_online_rescales_rows_whose_maximum_grows(wgpu_context, chunk):
+    """attention_tc's one pass (flag online) keeps each row's maximum m from its first tile until a
+    later tile's scores exceed it by more than 8 ln 2, then rescales that row's O and l. Keys that
+    grow with position (scaled by 1 + p / 4) make later tiles exceed it: the case checks that it
+    does so for some row, then that the output stays within attention_tc's bound of the f16
+    reference (2^-10 max|v|: P rounded against m, not the row's maximum)."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format="f32", kv_format="f16")
+    ops.tuning.attention_tc_chunk, ops.tuning.attention_tc_online = chunk, True
+    ops.tuning.attention_tc_head_dims = (64,)
+    shape = ops._attention.tc_shape(64)
+    if shape is None:
+        pytest.skip(f"{wgpu_context.description} on {wgpu_context.runtime.description} has no square f16 subgroup-matrix "
+                    "configuration (needs Dawn: KJARNI_WEBGPU_RUNTIME=dawn, on a driver that offers one)")
+    ref16 = NumpyOps(activations="f16", f16_activation_min_tokens=ops.tuning.matvec_max_tokens + 1)
+    caches, grew = [], 0
+    bkt = shape[3]
+    for tokens, (_, q_ref, out, out_ref) in zip([37, 70], _attention_case(
+            ops, "f16", [37, 70], heads=6, kv_heads=2, head_dim=64, reference=ref16, tc=True, caches=caches, key_growth=0.25)):
+        np.testing.assert_allclose(out, out_ref, atol=2.0 ** -10 * np.abs(caches[0].values[1]).max(), rtol=0)
+    # The rows of the second call (positions 37 .. 106) whose tile maxima (tiles of bkt keys,
+    # restarted at each split) rise past the first visible tile's by more than 8 ln 2.
+    keys = caches[0].keys[1].astype(np.float32)  # [kv_heads, capacity, hd]
+    q = q_ref.reshape(70, 2, 3, 64).astype(np.float16).astype(np.float32) / np.float32(8.0)
+    for t in range(70):
+        pos = 37 + t
+        scores = np.einsum("hgd,hkd->hgk", q[t], keys[:, : pos + 1])
+        for begin in range(0, pos + 1, chunk or pos + 1):
+            tiles = [scores[..., k : min(k + bkt, pos + 1, begin + (chunk or pos + 1))].max(-1)
+                     for k in range(begin, min(pos + 1, begin + (chunk or pos + 1)), bkt)]
+            grew += int((np.maximum.accumulate(tiles[1:], axis=0) > tiles[0] + 8 * np.log(2)).any()) if len(tiles) > 1 else 0
+    assert grew > 0
 
 
 @pytest.mark.parametrize("shape", kernels.ATTENTION_TILED_SHAPES, ids=lambda s: kernels.attention_tiled_variant(*s))
@@ -337,28 +379,28 @@ def test_every_attention_tile_matches_numpy_where_it_fits(wgpu_context, shape, k
 @pytest.mark.parametrize("shape", kernels.ATTENTION_TC_SHAPES, ids=lambda s: kernels.attention_tc_variant(*s))
 def test_attention_tc_workgroup_memory_is_what_the_host_checks(shape):
     """The host picks attention_tc's variant by kernels.attention_tc_bytes: the figure must be the
-    shader's (its four workgroup arrays: kv and p_sh in f16, s_sh in f32, ml_sh in vec2<f32>), and
-    the block's Q staging must fit in kv (BQ rows <= 2 BKT)."""
+    shader's (its six workgroup arrays: kv and p_sh in f16, s_sh and alpha_sh in f32, ml_sh in
+    vec2<f32>, grow_sh in u32), and the block's Q staging must fit in kv (BQ rows <= 2 BKT)."""
     import re
 
     src = kernels.template("attention_tc", kernels.attention_tc_variant(*shape))
     consts = {}
     for name, value in re.findall(r"const (\w+): u32 = ([^;]+);", src):
         consts[name] = eval(re.sub(r"(\d+)u", r"\1", value).replace("/", "//"), {}, consts)  # noqa: S307 (our own shader)
-    sizes = {"f16": 2, "f32": 4, "vec2<f32>": 8}
-    arrays = re.findall(r"var<workgroup> \w+: array<(f16|f32|vec2<f32>), ([^>]+)>;", src)
-    assert len(arrays) == len(re.findall(r"var<workgroup>", src)) == 4
+    sizes = {"f16": 2, "f32": 4, "u32": 4, "vec2<f32>": 8}
+    arrays = re.findall(r"var<workgroup> \w+: array<(f16|f32|u32|vec2<f32>), ([^>]+)>;", src)
+    assert len(arrays) == len(re.findall(r"var<workgroup>", src)) == 6
     total = sum(eval(re.sub(r"(\d+)u", r"\1", size), {}, consts) * sizes[kind] for kind, size in arrays)  # noqa: S307
     assert total == kernels.attention_tc_bytes(*shape)
     assert consts["BQ"] <= 2 * consts["BKT"] and consts["BKT"] % consts["LPR"] == 0
 
 
 def test_every_attention_tc_variant_compiles_with_tint(tint_compile):
-    """Dawn's WGSL compiler accepts every attention_tc variant, with the f16 and the f32 KV cache
-    (Null device: no GPU needed)."""
+    """Dawn's WGSL compiler accepts every attention_tc variant, with the f16 and the f32 KV cache,
+    in two passes and in one (online), with and without prefetch (Null device: no GPU needed)."""
     for shape in kernels.ATTENTION_TC_SHAPES:
         name = kernels.attention_tc_variant(*shape)
-        for flags in (frozenset(), frozenset({"kv_f16"})):
+        for flags in (frozenset(), frozenset({"kv_f16"}), frozenset({"kv_f16", "online"}), frozenset({"online", "prefetch"})):
             tint_compile(kernels.template("attention_tc", name, flags), name)
 
 

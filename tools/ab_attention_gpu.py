@@ -9,6 +9,8 @@ o_proj merge, from timestamp queries. Each result line is also appended to ``--o
 
     python tools/ab_attention_gpu.py --model qwen2.5-1.5b --prefill "default;attention_prefill_chunk=0"
     python tools/ab_attention_gpu.py --decode "default;attention_step_splits=4;matvec_attn_threads=512"
+    python tools/ab_attention_gpu.py --runtime dawn --dawn-fast --model qwen2.5-1.5b \
+        --prefill "default;attention_tc_head_dims=64,128,attention_tc_online=1"
 """
 
 from __future__ import annotations
@@ -27,14 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_gpu  # noqa: E402
+from gputime import FmaProbe  # noqa: E402
 
 
 def _apply(ops, model, variant: str, defaults: dict) -> None:
     for name, value in defaults.items():
         setattr(ops.tuning, name, value)
     if variant != "default":
-        for item in variant.split(","):
-            error = bench_gpu._set_field(ops.tuning, item.strip())
+        items: list[str] = []
+        for part in variant.split(","):  # a part without "=" continues a tuple value (attention_tc_head_dims=64,128)
+            if "=" in part or not items:
+                items.append(part.strip())
+            else:
+                items[-1] += "," + part.strip()
+        for item in items:
+            error = bench_gpu._set_field(ops.tuning, item)
             if error:
                 raise SystemExit(error)
     for weight in bench_gpu._matrices(model):
@@ -80,10 +89,11 @@ def main() -> None:
     ops = WgpuOps(ctx, weight_format="f16")
     model = bench_gpu.build(args.model, args.format, ops)
     names = ops.tuning.field_names()
-    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float))}
+    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float, tuple))}
     prompt = (np.arange(args.context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(args.context + args.steps + 16)
-    bench_gpu._warm_up(ops, model, prompt, cache)
+    fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
+    bench_gpu._warm_up(ops, model, prompt, cache, probe=fma_probe)
 
     def emit(result: dict) -> None:
         result.update(shape=args.model, format=args.format, context=args.context, adapter=ctx.description,
@@ -105,6 +115,9 @@ def main() -> None:
                 int(ops.argmax(model.forward(prompt, cache))[0])
 
             run()  # plans and pipelines of this variant
+            if fma_probe is not None:
+                fma_probe.spin(0.3)  # compiling them idled the GPU: back to its clock
+            probe = [fma_probe()] if fma_probe else []
             times = []
             for _ in range(3):
                 t0 = time.perf_counter()
@@ -112,7 +125,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             kernels = _profile(ctx, run)
             emit({"kind": "prefill", "variant": variant, "round": round_,
-                  "prefill_tok_s": round(args.context / min(times), 1),
+                  "prefill_tok_s": round(args.context / min(times), 1), "fma_probe_us": probe,
                   "gpu_ms": round(sum(kernels.values()) / 1e3, 3),
                   "attention_us": {k: v for k, v in kernels.items() if k.startswith("attention")},
                   "top_kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:6])})

@@ -176,12 +176,13 @@ class Attention:
             combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": DECODE_CHUNK})
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
         elif (tc := self.tc_shape(hd)) is not None:
-            # Tensor cores (Dawn): NW subgroups of MS query rows each, two passes over BKT-key
-            # tiles; past `attention_tc_chunk` keys split over workgroups too, as attention_tiled.
+            # Tensor cores (Dawn): NW subgroups of MS query rows each, two passes (or one, online)
+            # over BKT-key tiles; past `attention_tc_chunk` keys split over workgroups too, as attention_tiled.
             variant = kernels.attention_tc_variant(hd, *tc)
             chunk, splits = self.key_chunk(tuning.attention_tc_chunk, tokens, heads, hd, start)
             grid = (-(-tokens // (tc[0] * tc[2])), heads, splits)
-            tc_flags = (*flags, "prefetch") if tuning.attention_tc_prefetch else flags
+            tc_flags = (*flags, *(["prefetch"] if tuning.attention_tc_prefetch else []),
+                        *(["online"] if tuning.attention_tc_online else []))
             attn = ctx.pipeline(f"attention_tc.{variant}", ATTENTION_KINDS, flags=tc_flags,
                                 constants={"CHUNK": chunk} if splits > 1 else None,
                                 source=lambda: kernels.template("attention_tc", variant, frozenset(tc_flags)))

@@ -478,8 +478,9 @@ def attention_tc_variant(hd: int, ms: int, sg: int, nw: int, bkt: int) -> str:
 
 def attention_tc_bytes(hd: int, ms: int, sg: int, nw: int, bkt: int) -> int:
     """Workgroup memory of an ``attention_tc`` variant: the K and V tiles (f16, rows padded by 8),
-    the subgroups' scores (f32) and P (f16), and the rows' m and l."""
-    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * bkt + 8 * nw * ms
+    the subgroups' scores (f32) and P (f16), the rows' m and l, and the online pass's row scales
+    and flags."""
+    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * bkt + 8 * nw * ms + 4 * nw * ms + 4 * nw
 
 
 def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[str, str]:
@@ -507,6 +508,12 @@ def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[st
                   "        if (t < params.tokens) {",
                   f"            store(wid.z, t, h, {d * ms}u + e % MS, s_sh[sbase + e], ml_sh[sg * MS + e / MS]);",
                   "        }", "    }"]
+    rescale = []  # online: each O matrix through s_sh, its rows times alpha_sh
+    for d in dims:
+        rescale += ["            workgroupBarrier();", f"            subgroupMatrixStore<row_major>(&s_sh, sbase, o{d}, MS);",
+                    "            workgroupBarrier();", "            for (var e = lane; e < MS * MS; e += SG) {",
+                    "                s_sh[sbase + e] *= alpha_sh[sg * MS + e / MS];", "            }", "            workgroupBarrier();",
+                    f"            o{d} = subgroupMatrixLoad<{result}, row_major>(&s_sh, sbase, MS);"]
     loads = range(bkt * hd // 4 // (nw * sg))  # a thread's K (and V) loads of a tile
     fetch = []
     for n in loads:
@@ -522,7 +529,7 @@ def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[st
             "TILE_FIELDS": "\n".join(f"    k{n}: KVRaw,\n    v{n}: KVRaw," for n in loads),
             "TILE_FETCH": "\n".join(fetch), "TILE_STORE": "\n".join(tile_store),
             "S_BODY": "\n".join(s_body), "O_DECL": "\n".join(f"    var o{d} = {result}();" for d in dims),
-            "PV_BODY": "\n".join(pv), "STORE": "\n".join(store)}
+            "PV_BODY": "\n".join(pv), "RESCALE": "\n".join(rescale), "STORE": "\n".join(store)}
 
 
 TEMPLATES: dict[str, dict[str, dict[str, str]]] = {

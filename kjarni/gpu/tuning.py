@@ -359,6 +359,11 @@ class GpuTuning:
     products (the flag prefetch, attention_tiled's way) instead of right before the tile's
     stores. Off: not measured on a GPU yet (written in the eighteenth session, after its device
     time, as the first suspect for attention_tc's cost a tile; its tests pass on Mesa 26's lavapipe)."""
+    attention_tc_online: bool = False
+    """attention_tc in one pass over the keys (the flag online): S once a tile, each row's maximum
+    raised only when a tile's exceeds it by more than 8 ln 2 (then O goes through workgroup memory
+    to be rescaled), instead of a first pass for the maxima. Off until timed on a GPU (nineteenth
+    session)."""
     attention_tc_chunk: int = 64
     """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
     no split), merged by attention_combine as attention_tiled's splits are. 0.5B f16 prefill on an
