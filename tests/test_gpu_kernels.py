@@ -283,8 +283,8 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     12 more on top of the cache, 3 query heads per KV head, whole and split over the keys
     (attention_combine), with and without a window. Bound: one f16 rounding of the largest weight
     times the largest value (2^-11 max|v|), two where a split's weights are rounded against its
-    own maximum (not the row's, as numpy's are); unsplit, the output is also closer to that
-    reference than to the f32 one."""
+    own maximum, or (online) against a maximum raised only past 8 ln 2, not the row's as numpy's
+    are; unsplit in two passes, the output is also closer to that reference than to the f32 one."""
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
@@ -306,9 +306,9 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
         for tokens, (_, q_ref, out, out_ref) in zip([37, 70, 12], _attention_case(
                 ops, kv_format, [37, 70, 12], heads=6, kv_heads=2, head_dim=head_dim, window=window, reference=ref16, tc=True,
                 caches=caches)):
-            bound = (2.0 ** -10 if chunk else 2.0 ** -11) * np.abs(caches[0].values[1]).max()
+            bound = (2.0 ** -10 if chunk or online else 2.0 ** -11) * np.abs(caches[0].values[1]).max()
             np.testing.assert_allclose(out, out_ref, atol=bound, rtol=0)
-            if tokens > ops.tuning.matvec_max_tokens and not chunk:  # and the roundings are the ones that happened
+            if tokens > ops.tuning.matvec_max_tokens and not chunk and not online:  # and the roundings are the ones that happened
                 exact = ref.attention(q_ref, caches[0], 1, start, window)
                 assert np.abs(out - out_ref).max() < np.abs(out - exact).max()
             start += tokens
