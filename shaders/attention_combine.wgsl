@@ -1,7 +1,13 @@
 // attention_combine (flash-decoding, second pass): out[t, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
 // over the splits s covering positions [0, step.start + t], M = max_s m_s. A split is hd outputs
 // then (m, l) and PAD - 2 floats unread.
-// Bindings: params, step, partial (from attention_decode), out [tokens, H hd]. Grid: (H, tokens).
+// Bindings: params, step, partial (from attention_decode), out [tokens, H hd]; with the flag
+// half also out16 (4), out rounded to f16 for a tensor-core product (what matmul_tc_prep.wgsl
+// writes from out). Grid: (H, tokens).
+// #if half
+
+enable f16;
+// #endif
 
 override CHUNK: u32 = 64u;  // keys per split of attention_decode
 override SPLITS: u32 = 0u;  // splits per row when fixed (attention_step's); 0: ceil(positions / CHUNK)
@@ -29,6 +35,9 @@ struct Step {
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> partial: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// #if half
+@group(0) @binding(4) var<storage, read_write> out16: array<f16>;
+// #endif
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -54,5 +63,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             o += exp(partial[i + hd] - m) * partial[i + d];
         }
         out[dst + d] = o / l;
+// #if half
+        out16[dst + d] = f16(o / l);
+// #endif
     }
 }

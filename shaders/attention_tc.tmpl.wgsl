@@ -41,6 +41,7 @@ const NW: u32 = {{NW}}u;    // subgroups a workgroup
 const BKT: u32 = {{BKT}}u;  // keys a tile
 const BQ: u32 = NW * MS;    // query rows a workgroup
 const WG: u32 = NW * SG;
+const NWF: u32 = max(NW, 4u);  // grow_sh's entries (NW used; 2 gave wrong results on an H100)
 const D4: u32 = HEAD_DIM / 4u;
 const LDS: u32 = HEAD_DIM + 8u;  // kv rows, padded by 8 halves
 const LPR: u32 = SG / MS;        // lanes a query row
@@ -59,7 +60,7 @@ var<workgroup> s_sh: array<f32, NW * MS * BKT>;
 var<workgroup> p_sh: array<f16, NW * MS * BKT>;
 var<workgroup> ml_sh: array<vec2<f32>, BQ>;
 var<workgroup> alpha_sh: array<f32, BQ>;  // online: each row's scale of this tile (1: none)
-var<workgroup> grow_sh: array<u32, NW>;   // online: 1 where a subgroup's rows need it this tile
+var<workgroup> grow_sh: array<u32, NWF>;  // online: 1 where a subgroup's rows need it this tile
 const GROW: f32 = 5.5451774;              // online: 8 ln 2, so P <= 256
 
 fn put4(i: u32, v: vec4<f32>) {

@@ -11,6 +11,7 @@ import pytest
 
 from kjarni.errors import ContextOverflowError, GenerationFailedError, GpuUnavailableError
 from kjarni.gpu import kernels
+from kjarni.gpu.step import WithF16
 from kjarni.numpy_ops import NumpyKVCache, NumpyOps
 
 pytestmark = pytest.mark.gpu
@@ -145,12 +146,12 @@ def test_rows_is_one_dispatch_giving_exactly_those_rows(gpu_ops, tokens, feature
 
 
 def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, capacity=200, seed=0, window=None,
-                    reference=ref, tc=False, caches=None, key_growth=0.0):
+                    reference=ref, tc=False, caches=None, key_growth=0.0, tensors=None):
     """Run rope_store + attention for token counts ``steps`` on GPU and ``reference``; yield both
     outputs (``caches``, a list: the reference's KV cache appended to it). The tensor-core prefill
     attention (attention_tc, on Dawn) runs only with ``tc``: it rounds q and the softmax weights
     to f16, which the f32 reference does not. ``key_growth``: the key at position p is scaled by
-    1 + key_growth p, so later keys score higher."""
+    1 + key_growth p, so later keys score higher. ``tensors``, a list: each GPU output appended."""
     from kjarni.model import rope_table
 
     ops.tuning.attention_tc = tc
@@ -171,7 +172,10 @@ def _attention_case(ops, kv_format, steps, heads=6, kv_heads=2, head_dim=16, cap
         qkv = rand(rng, tokens, (heads + 2 * kv_heads) * head_dim)
         qkv[:, heads * head_dim : (heads + kv_heads) * head_dim] *= (1 + key_growth * np.arange(start, start + tokens, dtype=np.float32))[:, None]
         q = ops.rope_store(upload(ops, qkv), g_rope, gpu_cache, 1, start)
-        out = ops.read(ops.attention(q, gpu_cache, 1, start, window))
+        att = ops.attention(q, gpu_cache, 1, start, window)
+        if tensors is not None:
+            tensors.append(att)
+        out = ops.read(att)
         q_ref = reference.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU stores the cache in f16: give numpy the same values
             cpu_cache.keys[:] = f16_round(cpu_cache.keys)
@@ -301,11 +305,14 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     real = ops.context.pipeline
     ops.context.pipeline = lambda kernel, kinds, **kw: calls.append(kernel) or flags.append((kernel, kw.get("flags", ()))) or real(
         kernel, kinds, **kw)
-    caches, start = [], 0
+    caches, tensors, start = [], [], 0
     try:
         for tokens, (_, q_ref, out, out_ref) in zip([37, 70, 12], _attention_case(
                 ops, kv_format, [37, 70, 12], heads=6, kv_heads=2, head_dim=head_dim, window=window, reference=ref16, tc=True,
-                caches=caches)):
+                caches=caches, tensors=tensors)):
+            if type(tensors[-1]) is WithF16:  # split: attention_combine wrote the f16 rounding for o_proj too
+                half = np.frombuffer(ops.context.read(tensors[-1].half.buffer, 0, out.size * 2)[: out.size * 2], np.float16)
+                np.testing.assert_array_equal(half.reshape(out.shape), out.astype(np.float16))
             bound = (2.0 ** -10 if chunk or online else 2.0 ** -11) * np.abs(caches[0].values[1]).max()
             np.testing.assert_allclose(out, out_ref, atol=bound, rtol=0)
             if tokens > ops.tuning.matvec_max_tokens and not chunk and not online:  # and the roundings are the ones that happened
@@ -318,6 +325,7 @@ def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv
     assert {"prefetch" in f for k, f in flags if k.startswith("attention_tc")} == {prefetch}
     assert {"online" in f for k, f in flags if k.startswith("attention_tc")} == {online}
     assert ("attention_combine" in calls) == (chunk > 0)
+    assert any(type(t) is WithF16 for t in tensors) == (chunk > 0)  # the 70-token call splits whenever chunk > 0
 
 
 @pytest.mark.parametrize("chunk", [0, 64])
@@ -393,6 +401,12 @@ def test_attention_tc_workgroup_memory_is_what_the_host_checks(shape):
     total = sum(eval(re.sub(r"(\d+)u", r"\1", size), {}, consts) * sizes[kind] for kind, size in arrays)  # noqa: S307
     assert total == kernels.attention_tc_bytes(*shape)
     assert consts["BQ"] <= 2 * consts["BKT"] and consts["BKT"] % consts["LPR"] == 0
+
+
+def test_attention_combine_compiles_with_tint_with_and_without_its_f16_output(tint_compile):
+    """attention_combine with the flag half (out16, the f16 rounding for o_proj) and without."""
+    for flags in (frozenset(), frozenset({"half"})):
+        tint_compile(kernels.source("attention_combine", flags), "attention_combine")
 
 
 def test_every_attention_tc_variant_compiles_with_tint(tint_compile):

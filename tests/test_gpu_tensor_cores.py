@@ -571,3 +571,39 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     w2 = ops.weight(rand(rng, 40, 64), name="w2")
     ops.linear(upload(ops, rand(rng, 10, 64)), w2)
     assert _ran(ops, w2, 10) == "matmul.f16:main"
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_attention_output_in_f16_feeds_o_proj_with_no_prep_and_the_same_values(tc_ops, kv_heads):
+    """After a split tensor-core attention, attention_combine also writes its output rounded to f16
+    (`WithF16`, GpuTuning.attention_tc_half), and the next product on tensor cores (o_proj) reads
+    that instead of running matmul_tc_prep: one dispatch fewer, and the same result bit for bit (the
+    prep would round the same f32 values)."""
+    from kjarni.gpu.step import WithF16
+    from kjarni.model import rope_table
+
+    ops = tc_ops
+    if ops._attention.tc_shape(64) is None:
+        pytest.skip("no attention_tc variant for head size 64 on this adapter")
+    rng = np.random.default_rng(11)
+    tokens, heads, hd = 100, 4, 64
+
+    class Cfg:  # the fields rope_table reads
+        head_dim, rope_theta, rope_scaling = hd, 10000.0, None
+
+    rope = ops.weight(rope_table(Cfg(), 128), name="rope")
+    qkv = upload(ops, rand(rng, tokens, (heads + 2 * kv_heads) * hd))
+    w_o = ops.weight(rand(rng, 96, heads * hd) * np.float32(0.05), name="o_proj")
+    residual = upload(ops, rand(rng, tokens, 96))
+    got = {}
+    for half in (False, True):
+        ops.tuning.attention_tc_half = half
+        cache = ops.new_kv_cache(2, kv_heads, hd, 128)
+        att = ops.attention(ops.rope_store(qkv, rope, cache, 1, 0), cache, 1, 0)
+        assert (type(att) is WithF16) == half
+        before = ops.stats.dispatches
+        y = ops.linear(att, w_o, residual=residual)
+        got[half] = (ops.read(y), ops.stats.dispatches - before, _ran_all(w_o, tokens))
+    assert got[False][2][0] == "matmul_tc_prep:main" and "matmul_tc_prep:main" not in got[True][2]
+    assert got[False][1] - got[True][1] == 1
+    np.testing.assert_array_equal(got[True][0], got[False][0])

@@ -18,7 +18,7 @@ from kjarni.errors import ContextOverflowError, InvalidConfigurationError, Inval
 from kjarni.gpu import kernels
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.params import ATTENTION, ATTENTION_STEP, ROPE_STORE
-from kjarni.gpu.step import AttentionPartials, GpuTensor, RopePending, StepStart, fold, new_tensor
+from kjarni.gpu.step import AttentionPartials, GpuTensor, RopePending, StepStart, WithF16, fold, new_tensor
 from kjarni.gpu.upload import GpuWeight
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 ROPE_KINDS = ("uniform", "uniform", "read", "read", "rw", "rw", "rw")
 ATTENTION_KINDS = ("uniform", "uniform", "read", "read", "read", "rw")
 COMBINE_KINDS = ("uniform", "uniform", "read", "rw")
+COMBINE_HALF_KINDS = (*COMBINE_KINDS, "rw")  # attention_combine with the flag half: out16 too
 
 DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
@@ -177,9 +178,9 @@ class Attention:
             ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
         elif (tc := self.tc_shape(hd)) is not None:
             # Tensor cores (Dawn): NW subgroups of MS query rows each, two passes (or one, online)
-            # over BKT-key tiles; past `attention_tc_chunk` keys split over workgroups too, as attention_tiled.
+            # over BKT-key tiles; past `tc_chunk` keys split over workgroups too, as attention_tiled.
             variant = kernels.attention_tc_variant(hd, *tc)
-            chunk, splits = self.key_chunk(tuning.attention_tc_chunk, tokens, heads, hd, start)
+            chunk, splits = self.key_chunk(self.tc_chunk(hd), tokens, heads, hd, start)
             grid = (-(-tokens // (tc[0] * tc[2])), heads, splits)
             tc_flags = (*flags, *(["prefetch"] if tuning.attention_tc_prefetch else []),
                         *(["online"] if tuning.attention_tc_online else []))
@@ -189,6 +190,8 @@ class Attention:
             if splits <= 1:
                 ctx.dispatch(attn, (params, step, q.buffer, k_buf, v_buf, out.buffer), grid)
                 return out
+            if tuning.attention_tc_half:  # f16 for o_proj on tensor cores too
+                out = WithF16(out.scratch, ctx.scratch(tokens * width * 2), out.shape)
             self.split_keys(attn, uniform(splits), (q.buffer, k_buf, v_buf), out, grid, chunk, start)
         elif tuning.attention_tiled and (shape := self.tiled_shape(hd)) is not None:
             # Register-tiled flash attention: BQ query rows x BKT-key tiles per workgroup; past
@@ -244,9 +247,14 @@ class Attention:
         for bkt in dict.fromkeys((tuning.attention_tc_keys, 32)):
             shape = (hd, *config, tuning.attention_tc_warps, bkt)
             if (shape in kernels.ATTENTION_TC_SHAPES and kernels.attention_tc_bytes(*shape) <= self.context.max_workgroup_storage
-                    and tuning.attention_tc_chunk % bkt == 0):
+                    and self.tc_chunk(hd) % bkt == 0):
                 return shape[1:]
         return None
+
+    def tc_chunk(self, hd: int) -> int:
+        """Keys a split of attention_tc at head size ``hd``: ``attention_tc_chunk`` (which counts
+        them at head size 64) in proportion to ``hd``; 0: no split."""
+        return self.tuning.attention_tc_chunk * hd // 64
 
     def tiled_shape(self, hd: int) -> tuple[int, int] | None:
         """(query rows, keys a tile) of attention_tiled for ``hd``: GpuTuning's
@@ -327,6 +335,10 @@ class Attention:
         partial = ctx.scratch(tokens * heads * grid[2] * (hd + 2) * 4)
         step = self.step.buffer(start)
         ctx.dispatch(pipeline, (params, step, *inputs, partial.buffer), grid)
+        if type(out) is WithF16:  # and its f16 rounding
+            combine = ctx.pipeline("attention_combine", COMBINE_HALF_KINDS, flags=("half",), constants={"CHUNK": chunk})
+            ctx.dispatch(combine, (params, step, partial.buffer, out.buffer, out.half.buffer), (heads, tokens, 1))
+            return
         combine = ctx.pipeline("attention_combine", COMBINE_KINDS, constants={"CHUNK": chunk})
         ctx.dispatch(combine, (params, step, partial.buffer, out.buffer), (heads, tokens, 1))
 

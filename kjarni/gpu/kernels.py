@@ -480,7 +480,7 @@ def attention_tc_bytes(hd: int, ms: int, sg: int, nw: int, bkt: int) -> int:
     """Workgroup memory of an ``attention_tc`` variant: the K and V tiles (f16, rows padded by 8),
     the subgroups' scores (f32) and P (f16), the rows' m and l, and the online pass's row scales
     and flags."""
-    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * bkt + 8 * nw * ms + 4 * nw * ms + 4 * nw
+    return 2 * 2 * bkt * (hd + 8) + 4 * nw * ms * bkt + 2 * nw * ms * bkt + 8 * nw * ms + 4 * nw * ms + 4 * max(nw, 4)
 
 
 def attention_tc_fields(hd: int, ms: int, sg: int, nw: int, bkt: int) -> dict[str, str]:

@@ -16,7 +16,7 @@ from kjarni.errors import InvalidConfigurationError
 from kjarni.gpu import kernels
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
-from kjarni.gpu.step import AttentionPartials, F16Activations, GpuTensor, SiluMulPending, fold
+from kjarni.gpu.step import AttentionPartials, F16Activations, GpuTensor, SiluMulPending, WithF16, fold
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.upload import GpuWeight, Segment
 
@@ -55,6 +55,10 @@ class Linear:
         ctx = self.context
         tokens = x.shape[0]
         prepared = type(x) is F16Activations
+        # An f32 x with its f16 rounding beside (attention_combine's): read that where a prep would
+        # write the same, i.e. no norm and every segment on tensor cores.
+        half = type(x) is WithF16 and norm_weight is None and self.all_tc(weight, tokens, x.shape[1])
+        prepared = prepared or half
         silu = type(x) is SiluMulPending and self.silu_fusable(weight, tokens)
         attn = None
         if type(x) is AttentionPartials:
@@ -82,7 +86,7 @@ class Linear:
         # Tensor cores (matmul_tc): x as f16 activations (norm, silu_mul applied), in a scratch
         # free again once recorded, as the partials are.
         a_scratch = ctx.scratch(common[5]) if common[5] else None
-        a_buffer = x.buffer if prepared else a_scratch.buffer if a_scratch is not None else None
+        a_buffer = x.half.buffer if half else x.buffer if prepared else a_scratch.buffer if a_scratch is not None else None
         bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer, a_buffer))
         if bound is None:
             bias_buffer, norm_buffer = common[:2]
@@ -131,7 +135,17 @@ class Linear:
         tile = self.tc_tile(gate_up.segments[0], tokens, cols, rows)
         if tile is None or tile[1] % 2 or self.tc_splits(tile, rows, tokens, cols, rows, gate_up.segments[0].format) != 1:
             return False
-        return all(self.tc_tile(seg, tokens, rows // 2, down.shape[0]) is not None for seg in down.segments)
+        return self.all_tc(down, tokens, rows // 2)
+
+    def all_tc(self, weight: GpuWeight, tokens: int, cols: int) -> bool:
+        """Whether every segment of ``weight`` multiplies ``tokens`` rows of ``cols`` on tensor
+        cores (decided once per weight and shape)."""
+        key = ("all_tc", tokens, cols)
+        tc = weight.plans.get(key)
+        if tc is None:
+            tc = weight.plans[key] = (weight.kind == "matrix" and weight.shape[1] == cols
+                                      and all(self.tc_tile(seg, tokens, cols, weight.shape[0]) is not None for seg in weight.segments))
+        return tc
 
     def silu_fusable(self, weight: GpuWeight, tokens: int) -> bool:
         """Whether every kernel this linear would run reads ``[gate | up]`` (``LINEAR_SILU``): the

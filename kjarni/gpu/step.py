@@ -52,6 +52,19 @@ class F16Activations(GpuTensor):
     __slots__ = ()
 
 
+class WithF16(GpuTensor):
+    """An f32 activation that also holds its f16 rounding (``half``, [tokens, features] of 2
+    bytes): what matmul_tc_prep.wgsl would write from it with no norm. attention_combine writes
+    both after a tensor-core prefill attention (`GpuTuning.attention_tc_half`), so the o_proj on
+    tensor cores reads ``half`` and runs no prep; any other reader uses the f32 ``buffer``."""
+
+    __slots__ = ("half",)
+
+    def __init__(self, scratch: Scratch, half: Scratch, shape: tuple[int, int]) -> None:
+        super().__init__(scratch, shape)
+        self.half = half  # holds that buffer out of the pool too
+
+
 class SiluMulPending(GpuTensor):
     """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
     it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the

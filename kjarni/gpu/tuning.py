@@ -344,11 +344,11 @@ class GpuTuning:
     subgroup-matrix configuration (Dawn; 16 x 16 on NVIDIA, 8 x 8 on Mesa's lavapipe):
     attention_tc.tmpl.wgsl, q (scaled) and the softmax weights rounded to f16 for its products
     (``NumpyOps(activations="f16")`` rounds the same). Else attention_tiled."""
-    attention_tc_head_dims: tuple[int, ...] = (64,)
-    """Head sizes attention_tc runs for (of 64 and 128). 128 is left to attention_tiled: on an
-    H100 the Qwen2.5-1.5B prefill ran 32,147 tok/s with it against 32,369 (2,581 against 2,432
-    GPU us of attention over 28 layers); the 0.5B's head size 64 gains (77,701 against 73,295 tok/s
-    in one call; eighteenth session, docs/benchmarks.md)."""
+    attention_tc_head_dims: tuple[int, ...] = (64, 128)
+    """Head sizes attention_tc runs for (of 64 and 128). On an H100 in one call (nineteenth
+    session, docs/benchmarks.md), attention GPU us over the layers: Qwen2.5-1.5B (128) 1,506 in
+    one pass with 128-key splits against 2,435 with attention_tiled; the 0.5B (64) 865 against
+    1,416 (eighteenth session)."""
     attention_tc_warps: int = 4
     """Subgroups a workgroup of attention_tc (each MS query rows): 4 or 2."""
     attention_tc_keys: int = 32
@@ -357,18 +357,23 @@ class GpuTuning:
     attention_tc_prefetch: bool = False
     """attention_tc with its next tile's K (and V) loads issued before the current tile's
     products (the flag prefetch, attention_tiled's way) instead of right before the tile's
-    stores. Off: not measured on a GPU yet (written in the eighteenth session, after its device
-    time, as the first suspect for attention_tc's cost a tile; its tests pass on Mesa 26's lavapipe)."""
-    attention_tc_online: bool = False
+    stores. Off: on an H100 it was slower in two passes (0.5B attention 955 against 909 us) and
+    even in one (0.5B 889 against 865, 1.5B 1,889 against 1,892 us; nineteenth session)."""
+    attention_tc_online: bool = True
     """attention_tc in one pass over the keys (the flag online): S once a tile, each row's maximum
     raised only when a tile's exceeds it by more than 8 ln 2 (then O goes through workgroup memory
-    to be rescaled), instead of a first pass for the maxima. Off until timed on a GPU (nineteenth
-    session)."""
+    to be rescaled), instead of a first pass for the maxima. H100, one call: 0.5B attention 865
+    against 909 us, 1.5B 1,892 against 2,058 at 64-key splits (nineteenth session)."""
+    attention_tc_half: bool = True
+    """attention_combine after attention_tc also writes its output in f16 (`WithF16`), which a
+    following linear on tensor cores (o_proj) reads instead of running matmul_tc_prep: one
+    dispatch fewer a layer, the same values."""
     attention_tc_chunk: int = 64
-    """Keys per workgroup of attention_tc past this many (a multiple of ``attention_tc_keys``; 0:
-    no split), merged by attention_combine as attention_tiled's splits are. 0.5B f16 prefill on an
-    H100 (one call, before the column-major lanes): 75,449 tok/s at 64, 69,487 at 128, 69,348 at
-    256, 61,888 unsplit."""
+    """Keys per workgroup of attention_tc at head size 64, and in proportion at other sizes (128
+    keys at 128), past which the keys split over workgroups (a multiple of ``attention_tc_keys``;
+    0: no split), merged by attention_combine as attention_tiled's splits are. H100, one pass, in
+    one call: the 0.5B (64) 865 us at 64 keys, 949 at 128, 1,187 at 256; the 1.5B (128) 1,886 at
+    64, 1,510 at 128, 1,678 at 256, 1,987 unsplit (nineteenth session)."""
     attention_tiled: bool = True
     """Prefill with head_dim 64 or 128: attention_tiled.tmpl.wgsl (else attention_prefill)."""
     attention_tiled_rows: int = 0
