@@ -278,7 +278,7 @@ def test_attention_tiled_matches_numpy(wgpu_context, kv_format, window, chunk):
 @pytest.mark.parametrize("head_dim, kv_format, chunk, window, keys", [
     (64, "f16", 0, None, 32), (128, "f16", 32, None, 32), (64, "f32", 64, 23, 32), (128, "f16", 0, 50, 32), (64, "f16", 64, None, 64)])
 @pytest.mark.parametrize("warps, prefetch, online", [(4, False, False), (2, False, False), (4, True, False), (4, False, True),
-                                                    (2, True, True)])
+                                                    (2, True, True), (2, False, True)])
 def test_attention_tc_matches_numpy_with_f16_rounding(wgpu_context, head_dim, kv_format, chunk, window, keys, warps, prefetch,
                                                       online):
     """attention_tc (tensor cores: Dawn with a square f16 subgroup-matrix configuration, 16 x 16 on
