@@ -403,10 +403,12 @@ def test_attention_tc_workgroup_memory_is_what_the_host_checks(shape):
     assert consts["BQ"] <= 2 * consts["BKT"] and consts["BKT"] % consts["LPR"] == 0
 
 
-def test_attention_combine_compiles_with_tint_with_and_without_its_f16_output(tint_compile):
-    """attention_combine with the flag half (out16, the f16 rounding for o_proj) and without."""
+def test_attention_combine_and_reduce_prep_compile_with_tint(tint_compile):
+    """attention_combine with the flag half (out16, the f16 rounding for o_proj) and without, and
+    matmul_reduce_prep (the reduce and the next prep in one dispatch), as Dawn gets them."""
     for flags in (frozenset(), frozenset({"half"})):
         tint_compile(kernels.source("attention_combine", flags), "attention_combine")
+    tint_compile(kernels.source("matmul_reduce_prep"), "matmul_reduce_prep")
 
 
 def test_every_attention_tc_variant_compiles_with_tint(tint_compile):
@@ -720,3 +722,51 @@ def test_params_layouts_match_the_wgsl_structs():
         assert fields == list(layout.fields), f"{stem}.wgsl struct Params differs from params.{layout.name}"
         if stem in STEP_KERNELS:
             assert kernels.struct_fields(kernels.source(stem), "Step") == list(STEP.fields), stem
+
+
+@pytest.mark.parametrize("splits, rows, tokens, bias", [(2, 96, 5, False), (3, 1536, 7, True), (4, 40, 3, True)])
+def test_reduce_prep_writes_the_reduce_and_the_prep_bit_for_bit(wgpu_context, splits, rows, tokens, bias):
+    """matmul_reduce_prep.wgsl (a product's K-split reduce and the next product's normed f16 prep
+    in one dispatch, `ReducePending`) against matmul_reduce.wgsl then matmul_tc_prep.wgsl run on
+    the same partials: the same y and the same f16 activations, bit for bit (same sums in the same
+    order). Widths from a few vec4s to 1536 (6 per thread)."""
+    from kjarni.gpu import WgpuOps
+    from kjarni.gpu.linear import LINEAR_KINDS, REDUCE_PREP_KINDS
+    from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL
+
+    if not (wgpu_context.has_f16 and wgpu_context.has_subgroups):
+        pytest.skip(f"{wgpu_context.description} lacks shader-f16 or subgroups, which the prep kernels need")
+    ops = WgpuOps(wgpu_context, weight_format="f32")
+    ctx = wgpu_context
+    rng = np.random.default_rng(splits)
+    partials = upload(ops, rand(rng, splits * tokens, rows))
+    residual = upload(ops, rand(rng, tokens, rows))
+    b = ops.weight(rand(rng, rows), name="bias")
+    nw = ops.weight(rand(rng, rows) + np.float32(1), name="norm")
+    flags = LINEAR_RESIDUAL | (LINEAR_BIAS if bias else 0)
+    eps = 1e-6
+    y1, y2 = ctx.scratch(tokens * rows * 4), ctx.scratch(tokens * rows * 4)
+    a1, a2 = ctx.scratch(tokens * rows * 2), ctx.scratch(tokens * rows * 2)
+    d = ctx.dummy
+    reduce = ctx.uniform(LINEAR.pack(rows=rows, cols=splits, tokens=tokens, flags=flags, row_offset=0, y_stride=rows, eps=0.0))
+    ctx.dispatch(ctx.pipeline("matmul_reduce", LINEAR_KINDS), (reduce, partials.buffer, d, d, b.buffer, residual.buffer, d, y1.buffer),
+                 (-(-rows // 256), tokens, 1))
+    prep = ctx.uniform(LINEAR.pack(rows=rows, cols=rows, tokens=tokens, flags=LINEAR_NORM, row_offset=0, y_stride=rows, eps=eps))
+    ctx.dispatch(ctx.pipeline("matmul_tc_prep", LINEAR_KINDS), (prep, y1.buffer, d, d, d, d, nw.buffer, a1.buffer), (tokens, 1, 1))
+    fused = ctx.uniform(LINEAR.pack(rows=rows, cols=splits, tokens=tokens, flags=flags | LINEAR_NORM, row_offset=0, y_stride=rows,
+                                    eps=eps))
+    ctx.dispatch(ctx.pipeline("matmul_reduce_prep", REDUCE_PREP_KINDS),
+                 (fused, partials.buffer, y2.buffer, d, b.buffer, residual.buffer, nw.buffer, a2.buffer), (tokens, 1, 1))
+    want_y = np.frombuffer(ctx.read(y1.buffer, 0, tokens * rows * 4), np.float32)
+    got_y = np.frombuffer(ctx.read(y2.buffer, 0, tokens * rows * 4), np.float32)
+    np.testing.assert_array_equal(got_y, want_y)
+    want_a = np.frombuffer(ctx.read(a1.buffer, 0, tokens * rows * 2), np.float16)
+    got_a = np.frombuffer(ctx.read(a2.buffer, 0, tokens * rows * 2), np.float16)
+    np.testing.assert_array_equal(got_a, want_a)
+    # and they are the sums and the normed rounding they claim to be
+    p = np.frombuffer(ctx.read(partials.buffer, 0, splits * tokens * rows * 4), np.float32).reshape(splits, tokens, rows)
+    y = p.sum(0, dtype=np.float64) + ops.read(residual) + (np.frombuffer(ctx.read(b.buffer, 0, rows * 4), np.float32) if bias else 0)
+    np.testing.assert_allclose(got_y.reshape(tokens, rows), y, rtol=1e-6, atol=1e-5)
+    w = np.frombuffer(ctx.read(nw.buffer, 0, rows * 4), np.float32)
+    normed = y / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + eps) * w
+    np.testing.assert_allclose(got_a.reshape(tokens, rows).astype(np.float32), normed, rtol=2.0 ** -10, atol=1e-6)

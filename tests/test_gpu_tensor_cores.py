@@ -607,3 +607,35 @@ def test_attention_output_in_f16_feeds_o_proj_with_no_prep_and_the_same_values(t
     assert got[False][2][0] == "matmul_tc_prep:main" and "matmul_tc_prep:main" not in got[True][2]
     assert got[False][1] - got[True][1] == 1
     np.testing.assert_array_equal(got[True][0], got[False][0])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_split_products_reduce_is_recorded_with_the_next_normed_prep(tc_ops, bias):
+    """A product split over K on tensor cores (down_proj) leaves its reduce pending
+    (`ReducePending`, GpuTuning.tc_reduce_prep); the next normed product on tensor cores (the next
+    layer's qkv) records matmul_reduce_prep.wgsl, which writes the sums and its f16 activations: one
+    dispatch fewer than matmul_reduce then matmul_tc_prep, and both products' values bit for bit."""
+    from kjarni.gpu.step import ReducePending
+
+    ops = tc_ops
+    rng = np.random.default_rng(5)
+    tokens, cols, rows, rows2 = 70, 1152, 96, 48
+    x, r = upload(ops, rand(rng, tokens, cols)), upload(ops, rand(rng, tokens, rows))
+    w1, w2 = ops.weight(rand(rng, rows, cols), name="down"), ops.weight(rand(rng, rows2, rows), name="qkv")
+    nw = ops.weight(rand(rng, rows) + np.float32(1), name="norm")
+    b2 = ops.weight(rand(rng, rows2), name="bias") if bias else None
+    ops.tuning.tc_splits = 3
+    got = {}
+    for fuse in (False, True):
+        ops.tuning.tc_reduce_prep = fuse
+        for w in (w1, w2):
+            w.plans.clear()
+        before = ops.stats.dispatches
+        h = ops.linear(x, w1, residual=r)
+        assert (type(h) is ReducePending) == fuse
+        y = ops.norm_linear(h, nw, 1e-6, w2, b2)
+        got[fuse] = (ops.read(y), ops.read(h), ops.stats.dispatches - before)
+    np.testing.assert_array_equal(got[True][1], got[False][1])
+    np.testing.assert_array_equal(got[True][0], got[False][0])
+    assert got[False][2] - got[True][2] == 1
+    assert "matmul_tc_prep:main" not in _ran_all(w2, tokens)

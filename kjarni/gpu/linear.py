@@ -16,11 +16,12 @@ from kjarni.errors import InvalidConfigurationError
 from kjarni.gpu import kernels
 from kjarni.gpu.context import WgpuContext
 from kjarni.gpu.params import LINEAR, LINEAR_BIAS, LINEAR_NORM, LINEAR_RESIDUAL, LINEAR_SILU
-from kjarni.gpu.step import AttentionPartials, F16Activations, GpuTensor, SiluMulPending, WithF16, fold
+from kjarni.gpu.step import AttentionPartials, F16Activations, GpuTensor, ReducePending, SiluMulPending, WithF16, fold
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.upload import GpuWeight, Segment
 
 LINEAR_KINDS = ("uniform", "read", "read", "read", "read", "read", "read", "rw")
+REDUCE_PREP_KINDS = ("uniform", "read", "rw", "read", "read", "read", "read", "rw")  # matmul_reduce_prep: y at 2
 
 
 def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int, nbuf: int = 1) -> int:
@@ -54,6 +55,10 @@ class Linear:
         and the result is silu(gate) up as `F16Activations` (matmul_tc's silu flag)."""
         ctx = self.context
         tokens = x.shape[0]
+        if (type(x) is ReducePending and x.pending and norm_weight is not None and self.tuning.tc_reduce_prep
+                and self.all_tc(weight, tokens, x.shape[1])):
+            x = x.fuse(norm_weight, eps)  # the previous product's reduce and this one's prep in one dispatch
+            norm_weight, eps = None, 0.0
         prepared = type(x) is F16Activations
         # An f32 x with its f16 rounding beside (attention_combine's): read that where a prep would
         # write the same, i.e. no norm and every segment on tensor cores.
@@ -102,11 +107,37 @@ class Linear:
             bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer, a_buffer)] = [
                 ctx.bind_group(pipeline, (params, *buffers[role](w_a, w_b))) for pipeline, params, _, w_a, w_b, role in dispatches
             ]
-        for (pipeline, _, grid, _, _, _), group in zip(dispatches, bound):
+        # A product split over K on tensor cores, one segment of rows % 4: its reduce waits for the
+        # next linear, which may record it together with its own prep (ReducePending).
+        defer = (self.tuning.tc_reduce_prep and len(dispatches) >= 2 and dispatches[-1][5] == "reduce"
+                 and dispatches[-2][5] == "tc_partial" and len(weight.segments) == 1 and rows % 4 == 0)
+        for (pipeline, _, grid, _, _, _), group in zip(dispatches[:-1] if defer else dispatches, bound):
             ctx.dispatch_group(pipeline, group, grid)
+        if defer:
+            flags = (LINEAR_BIAS if bias is not None else 0) | (LINEAR_RESIDUAL if residual is not None else 0)
+            out = ReducePending(out, partials, (dispatches[-1][0], bound[-1], dispatches[-1][2]),
+                                (self, weight, dispatches[-2][2][2], flags, common[0], r_buffer or ctx.dummy))
         if tokens > self.tuning.matvec_max_tokens and ctx.stats.pending_dispatches >= self.tuning.prefill_submit_every:
             ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next
         return out
+
+    def record_reduce_prep(self, pending: ReducePending, norm_weight: GpuWeight, eps: float) -> F16Activations:
+        """`ReducePending.fuse`: matmul_reduce_prep.wgsl over the pending product's partials,
+        writing its output (pending.out) and the f16 activations of a product normed by
+        ``norm_weight`` (returned)."""
+        ctx = self.context
+        _, weight, splits, flags, bias_buffer, r_buffer = pending.fused
+        tokens, rows = pending.shape
+        key = ("reduce_prep", tokens, splits, flags, eps)
+        params = weight.plans.get(key)
+        if params is None:
+            params = weight.plans[key] = ctx.uniform(LINEAR.pack(rows=rows, cols=splits, tokens=tokens, flags=flags | LINEAR_NORM,
+                                                                 row_offset=0, y_stride=rows, eps=eps))
+        a = F16Activations(ctx.scratch(tokens * rows * 2), (tokens, rows))
+        pipeline = ctx.pipeline("matmul_reduce_prep", REDUCE_PREP_KINDS)
+        ctx.dispatch(pipeline, (params, pending.partials.buffer, pending.out.buffer, ctx.dummy, bias_buffer, r_buffer,
+                                norm_weight.buffer, a.buffer), (tokens, 1, 1))
+        return a
 
     def record_swiglu(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, gate_up: GpuWeight, down: GpuWeight,
                       residual: GpuTensor | None) -> GpuTensor | None:

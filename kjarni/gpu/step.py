@@ -65,6 +65,55 @@ class WithF16(GpuTensor):
         self.half = half  # holds that buffer out of the pool too
 
 
+class ReducePending(GpuTensor):
+    """The output of a tensor-core product split over K whose matmul_reduce is not recorded yet:
+    the next linear, when it norms its input for tensor cores (the next layer's qkv after a
+    down_proj), records matmul_reduce_prep.wgsl instead, which writes these sums and its f16
+    activations in one dispatch (`fuse`, `GpuTuning.tc_reduce_prep`). Anything else that needs the
+    values (``buffer``, ``scratch``) records the plain reduce first, at that point of the recording.
+    Holds the partials' scratch until then."""
+
+    __slots__ = ("out", "partials", "reduce", "fused", "_done")
+
+    def __init__(self, out: GpuTensor, partials: Scratch, reduce: tuple, fused: tuple) -> None:
+        self.out, self.partials = out, partials
+        self.reduce = reduce  # (pipeline, bind group, grid) of matmul_reduce
+        self.fused = fused  # (linear, weight, splits, flags, bias buffer, residual buffer) for matmul_reduce_prep
+        self._done = False
+        self.shape = out.shape
+
+    def _materialize(self) -> GpuTensor:
+        if not self._done:
+            pipeline, group, grid = self.reduce
+            self.fused[0].context.dispatch_group(pipeline, group, grid)
+            self._done = True
+        return self.out
+
+    def fuse(self, norm_weight: Any, eps: float) -> F16Activations:
+        """Records the sums and, from them, the f16 activations of a product normed by
+        ``norm_weight`` (matmul_reduce_prep.wgsl); the values are the reduce's and the prep's bit
+        for bit."""
+        if self._done:
+            raise RuntimeError("ReducePending.fuse after the reduce was recorded")
+        self._done = True
+        return self.fused[0].record_reduce_prep(self, norm_weight, eps)
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    @property
+    def pending(self) -> bool:
+        return not self._done
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} (matmul_reduce pending)"
+
+
 class SiluMulPending(GpuTensor):
     """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
     it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the

@@ -203,6 +203,11 @@ class GpuTuning:
     silu(gate) up as the down projection's f16 activations from its epilogue (matmul_tc's silu
     flag), instead of [gate | up] in f32 for matmul_tc_prep to read: a quarter of the bytes stored
     and a prep dispatch a layer fewer (`Linear.record_swiglu`)."""
+    tc_reduce_prep: bool = True
+    """A product split over K on tensor cores leaves its matmul_reduce to the next linear
+    (`ReducePending`): where that one norms its input on tensor cores (down_proj then the next
+    layer's qkv; with quantized weights also o_proj then gate_up), matmul_reduce_prep.wgsl writes
+    the sums and the next f16 activations in one dispatch, the values of the two it replaces."""
     tc_tokens_first: bool = False
     """matmul_tc's grid order: token tiles fastest (the workgroups sharing a weight tile run side by
     side) instead of row tiles fastest (sharing an activation tile). Off: on an H100 it tied or lost
