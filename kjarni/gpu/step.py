@@ -1,9 +1,10 @@
 """What a decode step records and hands on: activation handles, the fusions that defer a kernel to
 the next op, the per-step uniform and the readback ring of ids chosen on the GPU.
 
-`GpuTensor` is an activation on a pooled buffer. The three pending kinds stand for a result not
-recorded yet, so the op that consumes it can do the work while loading its input (one dispatch
-fewer per layer); anything else that reads ``buffer`` records the deferred kernel at that point.
+`GpuTensor` is an activation on a pooled buffer; `F16Activations` and `WithF16` carry the f16
+rounding a tensor-core product reads. The four pending kinds stand for a result not recorded yet,
+so the op that consumes it can do the work while loading its input (one dispatch fewer per layer);
+anything else that reads ``buffer`` records the deferred kernel at that point.
 """
 
 from __future__ import annotations
