@@ -639,3 +639,38 @@ def test_a_split_products_reduce_is_recorded_with_the_next_normed_prep(tc_ops, b
     np.testing.assert_array_equal(got[True][0], got[False][0])
     assert got[False][2] - got[True][2] == 1
     assert "matmul_tc_prep:main" not in _ran_all(w2, tokens)
+
+
+def test_a_prefill_gives_the_same_logits_with_and_without_the_prep_fusions(tc_ops):
+    """A whole prefill on tensor cores (tools/bench_gpu.py's small Qwen2 shape: 4 layers, head size
+    64, random f16 weights, 100 tokens, every position's logits) with the f16 attention output for
+    o_proj (attention_tc_half) and the reduce recorded with the next prep (tc_reduce_prep), against
+    the same model with both off: the same logits bit for bit, matmul_reduce_prep and the f16
+    combine in use, and at least a dispatch a layer fewer."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_gpu
+
+    ops = tc_ops
+    model = bench_gpu.build("small", "f16", ops)
+    prompt = (np.arange(100, dtype=np.int32) * 7919) % model.config.vocab_size
+    got, names = {}, []
+    real = ops.context.pipeline
+    ops.context.pipeline = lambda kernel, kinds, **kw: names.append((kernel, kw.get("flags", ()))) or real(kernel, kinds, **kw)
+    try:
+        for fused in (False, True):
+            ops.tuning.tc_reduce_prep = ops.tuning.attention_tc_half = fused
+            for w in bench_gpu._matrices(model):
+                w.plans.clear()
+            names.clear()
+            before = ops.stats.dispatches
+            logits = ops.read(model.forward(prompt, model.new_cache(128), logits="all"))
+            got[fused] = (logits, ops.stats.dispatches - before, set(names))
+    finally:
+        del ops.context.pipeline
+    np.testing.assert_array_equal(got[True][0], got[False][0])
+    assert ("matmul_reduce_prep", ()) in got[True][2] and ("attention_combine", ("half",)) in got[True][2]
+    assert not any(k == "matmul_reduce_prep" or "half" in f for k, f in got[False][2])
+    assert got[False][1] - got[True][1] >= len(model.blocks)
