@@ -115,7 +115,7 @@ class Linear:
             ctx.dispatch_group(pipeline, group, grid)
         if defer:
             flags = (LINEAR_BIAS if bias is not None else 0) | (LINEAR_RESIDUAL if residual is not None else 0)
-            out = ReducePending(out, partials, (dispatches[-1][0], bound[-1], dispatches[-1][2]),
+            out = ReducePending(out, partials, residual, (dispatches[-1][0], bound[-1], dispatches[-1][2]),
                                 (self, weight, dispatches[-2][2][2], flags, common[0], r_buffer or ctx.dummy))
         if tokens > self.tuning.matvec_max_tokens and ctx.stats.pending_dispatches >= self.tuning.prefill_submit_every:
             ctx.flush()  # a long prompt: the GPU starts on these layers while Python records the next

@@ -72,12 +72,13 @@ class ReducePending(GpuTensor):
     down_proj), records matmul_reduce_prep.wgsl instead, which writes these sums and its f16
     activations in one dispatch (`fuse`, `GpuTuning.tc_reduce_prep`). Anything else that needs the
     values (``buffer``, ``scratch``) records the plain reduce first, at that point of the recording.
-    Holds the partials' scratch until then."""
+    Holds the partials' scratch and the residual until then (a buffer back in the pool could be
+    written before the reduce reads it)."""
 
-    __slots__ = ("out", "partials", "reduce", "fused", "_done")
+    __slots__ = ("out", "partials", "residual", "reduce", "fused", "_done")
 
-    def __init__(self, out: GpuTensor, partials: Scratch, reduce: tuple, fused: tuple) -> None:
-        self.out, self.partials = out, partials
+    def __init__(self, out: GpuTensor, partials: Scratch, residual: GpuTensor | None, reduce: tuple, fused: tuple) -> None:
+        self.out, self.partials, self.residual = out, partials, residual
         self.reduce = reduce  # (pipeline, bind group, grid) of matmul_reduce
         self.fused = fused  # (linear, weight, splits, flags, bias buffer, residual buffer) for matmul_reduce_prep
         self._done = False
@@ -88,6 +89,7 @@ class ReducePending(GpuTensor):
             pipeline, group, grid = self.reduce
             self.fused[0].context.dispatch_group(pipeline, group, grid)
             self._done = True
+            self.partials = self.residual = None  # read by the recorded reduce: back to the pool
         return self.out
 
     def fuse(self, norm_weight: Any, eps: float) -> F16Activations:
@@ -97,7 +99,9 @@ class ReducePending(GpuTensor):
         if self._done:
             raise RuntimeError("ReducePending.fuse after the reduce was recorded")
         self._done = True
-        return self.fused[0].record_reduce_prep(self, norm_weight, eps)
+        a = self.fused[0].record_reduce_prep(self, norm_weight, eps)
+        self.partials = self.residual = None
+        return a
 
     @property  # type: ignore[override]
     def buffer(self) -> Any:
