@@ -674,3 +674,30 @@ def test_a_prefill_gives_the_same_logits_with_and_without_the_prep_fusions(tc_op
     assert ("matmul_reduce_prep", ()) in got[True][2] and ("attention_combine", ("half",)) in got[True][2]
     assert not any(k == "matmul_reduce_prep" or "half" in f for k, f in got[False][2])
     assert got[False][1] - got[True][1] >= len(model.blocks)
+
+
+def test_a_pending_reduce_keeps_the_silu_mul_for_the_next_products_load(tc_ops):
+    """gate_up split over K (so its MLP is not the fused SwiGLU) returns a `ReducePending`;
+    silu_mul on it still waits for the down projection's load (`SiluMulPending`), as it does on a
+    plain tensor: the same values and the same dispatches with tc_reduce_prep on and off."""
+    from kjarni.gpu.step import ReducePending, SiluMulPending
+
+    ops = tc_ops
+    rng = np.random.default_rng(9)
+    tokens, cols, half, rows = 70, 1152, 48, 64
+    x = upload(ops, rand(rng, tokens, cols))
+    w_gu, w_dn = ops.weight(rand(rng, 2 * half, cols), name="gate_up"), ops.weight(rand(rng, rows, half), name="down")
+    ops.tuning.tc_splits = 3
+    got = {}
+    for fuse in (False, True):
+        ops.tuning.tc_reduce_prep = fuse
+        for w in (w_gu, w_dn):
+            w.plans.clear()
+        before = ops.stats.dispatches
+        h = ops.linear(x, w_gu)
+        assert (type(h) is ReducePending) == fuse
+        s = ops.silu_mul(h)
+        assert type(s) is SiluMulPending
+        got[fuse] = (ops.read(ops.linear(s, w_dn)), ops.stats.dispatches - before)
+    np.testing.assert_array_equal(got[True][0], got[False][0])
+    assert got[True][1] == got[False][1]

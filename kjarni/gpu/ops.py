@@ -27,7 +27,7 @@ from kjarni.gpu.capture import StepTapes
 from kjarni.gpu.context import Scratch, Stats, WgpuContext
 from kjarni.gpu.linear import Linear, template_pipeline
 from kjarni.gpu.params import ELEMENTWISE, LAYER_NORM, LINEAR, RMS_NORM, ROWS, SELECT, SILU_MUL
-from kjarni.gpu.step import AttentionPartials, GpuTensor, GpuTokens, SiluMulPending, StepStart, TokenRing, fold, new_tensor
+from kjarni.gpu.step import AttentionPartials, GpuTensor, GpuTokens, ReducePending, SiluMulPending, StepStart, TokenRing, fold, new_tensor
 from kjarni.gpu.tuning import GpuTuning
 from kjarni.gpu.upload import GpuWeight, Segment, Uploader
 
@@ -233,7 +233,7 @@ class WgpuOps:
         return self._attention.merge(x)
 
     def silu_mul(self, x: GpuTensor) -> GpuTensor:
-        if self._tuning.fuse_silu and type(x) is GpuTensor:
+        if self._tuning.fuse_silu and type(x) in (GpuTensor, ReducePending):  # the reduce is recorded when the next linear reads it
             return SiluMulPending(self, x)  # the next linear applies it while loading (LINEAR_SILU)
         return self._silu_mul_now(x)
 
