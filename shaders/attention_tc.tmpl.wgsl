@@ -111,6 +111,32 @@ fn visible(key: u32, pos: u32, kmin: u32, kmax: u32) -> bool {
     return key >= kmin && key <= kmax && key <= pos && (params.window == 0u || key + params.window > pos);
 }
 
+// The larger of m and this lane's visible scores of tile k0 (row r, keys part + LPR i) in s_sh.
+fn tile_max(k0: u32, pos: u32, kmin: u32, kmax: u32, sbase: u32, r: u32, part: u32, m: f32) -> f32 {
+    var mx = m;
+    for (var i = 0u; i < CPL; i++) {
+        let c = i * LPR + part;
+        if (visible(k0 + c, pos, kmin, kmax)) {
+            mx = max(mx, s_sh[sbase + c * MS + r]);
+        }
+    }
+    return mx;
+}
+
+// P = exp(S - m) of the same keys (0 where hidden), rounded to f16 into p_sh, each added to *l.
+fn tile_weights(k0: u32, pos: u32, kmin: u32, kmax: u32, sbase: u32, r: u32, part: u32, m: f32, l: ptr<function, f32>) {
+    for (var i = 0u; i < CPL; i++) {
+        let c = i * LPR + part;
+        var p = 0.0;
+        if (visible(k0 + c, pos, kmin, kmax)) {
+            p = exp(s_sh[sbase + c * MS + r] - m);
+        }
+        let p16 = f16(p);
+        *l += f32(p16);
+        p_sh[sbase + c * MS + r] = p16;
+    }
+}
+
 // Row r of this subgroup (position pos)'s value at dims d .. of its output: o / l, or with CHUNK
 // the partial (o, and at d 0 the row's m and l) of split z.
 fn store(z: u32, t: u32, h: u32, d: u32, o: f32, ml: vec2<f32>) {
@@ -174,13 +200,7 @@ fn main(
         next_tile(&tile, kv_head, k0, kmax, true, lid);
 {{S_BODY}}
         workgroupBarrier();
-        var tm = NEG;
-        for (var i = 0u; i < CPL; i++) {
-            let c = i * LPR + part;
-            if (visible(k0 + c, pos, kmin, kmax)) {
-                tm = max(tm, s_sh[sbase + c * MS + r]);
-            }
-        }
+        var tm = tile_max(k0, pos, kmin, kmax, sbase, r, part, NEG);
         for (var x = MS; x < SG; x *= 2u) {  // over the lanes of row r
             tm = max(tm, subgroupShuffleXor(tm, x));
         }
@@ -192,16 +212,7 @@ fn main(
             m = tm;
         }
         l *= alpha;
-        for (var i = 0u; i < CPL; i++) {
-            let c = i * LPR + part;
-            var p = 0.0;
-            if (visible(k0 + c, pos, kmin, kmax)) {
-                p = exp(s_sh[sbase + c * MS + r] - m);
-            }
-            let p16 = f16(p);
-            l += f32(p16);
-            p_sh[sbase + c * MS + r] = p16;
-        }
+        tile_weights(k0, pos, kmin, kmax, sbase, r, part, m, &l);
         if (part == 0u) {
             alpha_sh[sg * MS + r] = alpha;
         }
@@ -229,12 +240,7 @@ fn main(
         next_tile(&tile, kv_head, k0, kmax, false, lid);
 {{S_BODY}}
         workgroupBarrier();
-        for (var i = 0u; i < CPL; i++) {
-            let c = i * LPR + part;
-            if (visible(k0 + c, pos, kmin, kmax)) {
-                m = max(m, s_sh[sbase + c * MS + r]);
-            }
-        }
+        m = tile_max(k0, pos, kmin, kmax, sbase, r, part, m);
     }
     for (var x = MS; x < SG; x *= 2u) {  // over the lanes of row r
         m = max(m, subgroupShuffleXor(m, x));
@@ -250,16 +256,7 @@ fn main(
         next_tile(&tile, kv_head, k0, kmax, true, lid);
 {{S_BODY}}
         workgroupBarrier();
-        for (var i = 0u; i < CPL; i++) {
-            let c = i * LPR + part;
-            var p = 0.0;
-            if (visible(k0 + c, pos, kmin, kmax)) {
-                p = exp(s_sh[sbase + c * MS + r] - m);
-            }
-            let p16 = f16(p);
-            l += f32(p16);
-            p_sh[sbase + c * MS + r] = p16;
-        }
+        tile_weights(k0, pos, kmin, kmax, sbase, r, part, m, &l);
         workgroupBarrier();
 {{PV_BODY}}
     }

@@ -1,8 +1,8 @@
 // matmul_reduce_prep: matmul_reduce.wgsl and the next product's matmul_tc_prep.wgsl in one
 // dispatch, one workgroup per token row: y[t, c] = sum_z x[z, t, c] (+ bias) (+ residual), summed
 // in matmul_reduce's order (so y is its value bit for bit), then a[t, c] = f16(y[t, c] s_t nw[c])
-// with s_t the rms norm of the row (flags bit 2; else 1), in matmul_tc_prep's order (so a is its
-// value bit for bit). Used where a product split over K (down_proj) feeds a normed product on
+// with s_t the rms norm of the row (flags bit 2; else 1), in matmul_tc_prep's order (row_norm.wgsl:
+// so a is its value bit for bit). Used where a product split over K (down_proj) feeds a normed product on
 // tensor cores (the next layer's qkv): kjarni/gpu/step.py's ReducePending.
 // Bindings (the linear family's slots): x the partials [S, tokens, rows] (1), y [tokens, rows] (2,
 // f32), bias (4), residual (5), norm_weight (6), a [tokens, rows] f16 (7). Params: rows the width,
@@ -24,7 +24,7 @@ enable f16;
 
 const WG: u32 = 256u;
 
-var<workgroup> part: array<f32, 64>;
+// #include row_norm.wgsl
 
 @compute @workgroup_size(WG)
 fn main(
@@ -56,16 +56,7 @@ fn main(
     }
     var s = 1.0;
     if (norm) {
-        q = subgroupAdd(q);
-        if (lane == 0u) {
-            part[sg] = q;
-        }
-        workgroupBarrier();
-        q = 0.0;
-        for (var i = 0u; i < nsg; i++) {
-            q += part[i];
-        }
-        s = 1.0 / sqrt(q / f32(params.rows) + params.eps);
+        s = row_scale(q, sg, nsg, lane, params.rows, params.eps);
     }
     for (var c = lid; c < c4s; c += WG) {
         var v = y[t * c4s + c] * s;  // this thread's own store above

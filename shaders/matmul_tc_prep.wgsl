@@ -16,7 +16,7 @@ enable f16;
 
 const WG: u32 = 256u;
 
-var<workgroup> part: array<f32, 64>;
+// #include row_norm.wgsl
 
 fn row_value(t: u32, c: u32, c4s: u32, silu: bool) -> vec4<f32> {
     if (silu) {
@@ -45,16 +45,7 @@ fn main(
             let v = row_value(t, c, c4s, silu);
             q += dot(v, v);
         }
-        q = subgroupAdd(q);
-        if (lane == 0u) {
-            part[sg] = q;
-        }
-        workgroupBarrier();
-        q = 0.0;
-        for (var i = 0u; i < nsg; i++) {
-            q += part[i];
-        }
-        s = 1.0 / sqrt(q / f32(params.cols) + params.eps);
+        s = row_scale(q, sg, nsg, lane, params.cols, params.eps);
     }
     for (var c = lid; c < c4s; c += WG) {
         var v = row_value(t, c, c4s, silu) * s;

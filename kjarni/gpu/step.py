@@ -66,7 +66,29 @@ class WithF16(GpuTensor):
         self.half = half  # holds that buffer out of the pool too
 
 
-class ReducePending(GpuTensor):
+class Pending(GpuTensor):
+    """A result not recorded yet (see the module's docstring): ``buffer`` and ``scratch`` record
+    the deferred kernel (`_materialize`, once) and answer for its output."""
+
+    __slots__ = ()
+    what = ""  # the deferred kernel, for repr
+
+    def _materialize(self) -> GpuTensor:
+        raise NotImplementedError
+
+    @property  # type: ignore[override]
+    def buffer(self) -> Any:
+        return self._materialize().buffer
+
+    @property  # type: ignore[override]
+    def scratch(self) -> Scratch:
+        return self._materialize().scratch
+
+    def __repr__(self) -> str:
+        return f"GpuTensor{self.shape} ({self.what} pending)"
+
+
+class ReducePending(Pending):
     """The output of a tensor-core product split over K whose matmul_reduce is not recorded yet:
     the next linear, when it norms its input for tensor cores (the next layer's qkv after a
     down_proj), records matmul_reduce_prep.wgsl instead, which writes these sums and its f16
@@ -76,6 +98,7 @@ class ReducePending(GpuTensor):
     written before the reduce reads it)."""
 
     __slots__ = ("out", "partials", "residual", "reduce", "fused", "_done")
+    what = "matmul_reduce"
 
     def __init__(self, out: GpuTensor, partials: Scratch, residual: GpuTensor | None, reduce: tuple, fused: tuple) -> None:
         self.out, self.partials, self.residual = out, partials, residual
@@ -103,28 +126,19 @@ class ReducePending(GpuTensor):
         self.partials = self.residual = None
         return a
 
-    @property  # type: ignore[override]
-    def buffer(self) -> Any:
-        return self._materialize().buffer
-
-    @property  # type: ignore[override]
-    def scratch(self) -> Scratch:
-        return self._materialize().scratch
-
     @property
     def pending(self) -> bool:
         return not self._done
 
-    def __repr__(self) -> str:
-        return f"GpuTensor{self.shape} (matmul_reduce pending)"
 
 
-class SiluMulPending(GpuTensor):
+class SiluMulPending(Pending):
     """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
     it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
     values (``buffer``, ``scratch``) runs the silu_mul kernel first, at that point of the recording."""
 
     __slots__ = ("source", "_ops", "_done")
+    what = "silu_mul"
 
     def __init__(self, ops: WgpuOps, source: GpuTensor) -> None:
         self.source = source
@@ -137,19 +151,9 @@ class SiluMulPending(GpuTensor):
             self._done = self._ops._silu_mul_now(self.source)
         return self._done
 
-    @property  # type: ignore[override]
-    def buffer(self) -> Any:
-        return self._materialize().buffer
-
-    @property  # type: ignore[override]
-    def scratch(self) -> Scratch:
-        return self._materialize().scratch
-
-    def __repr__(self) -> str:
-        return f"GpuTensor{self.shape} (silu_mul pending)"
 
 
-class RopePending(GpuTensor):
+class RopePending(Pending):
     """``rope_store(qkv, ...)`` of one token not recorded yet: the next `attention` on it runs
     attention_step.wgsl, which rotates q and k, stores k and v and attends in one dispatch. Anything
     else that reads q (``buffer``, ``scratch``) records rope_store at that point (storing the same
@@ -157,6 +161,7 @@ class RopePending(GpuTensor):
     cache always receives the token's keys and values."""
 
     __slots__ = ("qkv", "rope", "kv_cache", "layer", "start", "stored", "_ops", "_done")
+    what = "rope_store"
 
     def __init__(self, ops: WgpuOps, qkv: GpuTensor, rope, kv_cache, layer: int, start: int, width: int) -> None:
         self.qkv, self.rope, self.kv_cache, self.layer, self.start = qkv, rope, kv_cache, layer, start
@@ -175,25 +180,16 @@ class RopePending(GpuTensor):
         if not self.stored:
             self._materialize()
 
-    @property  # type: ignore[override]
-    def buffer(self) -> Any:
-        return self._materialize().buffer
-
-    @property  # type: ignore[override]
-    def scratch(self) -> Scratch:
-        return self._materialize().scratch
-
-    def __repr__(self) -> str:
-        return f"GpuTensor{self.shape} (rope_store pending)"
 
 
-class AttentionPartials(GpuTensor):
+class AttentionPartials(Pending):
     """The output of a split attention_step not merged yet: ``partials`` holds, per head, ``splits``
     runs of ``hd4`` vec4 outputs then (m, l). The next one-token `linear` merges them while loading
     x (matvec.tmpl.wgsl, flag ``attn``), saving a dispatch; anything else that reads the values
     (``buffer``, ``scratch``) runs attention_combine first, at that point of the recording."""
 
     __slots__ = ("partials", "splits", "hd4", "_ops", "_done")
+    what = "attention merge"
 
     def __init__(self, ops: WgpuOps, partials: Scratch, width: int, splits: int, hd4: int) -> None:
         self.partials, self.splits, self.hd4 = partials, splits, hd4
@@ -206,16 +202,6 @@ class AttentionPartials(GpuTensor):
             self._done = self._ops._merge_attention(self)
         return self._done
 
-    @property  # type: ignore[override]
-    def buffer(self) -> Any:
-        return self._materialize().buffer
-
-    @property  # type: ignore[override]
-    def scratch(self) -> Scratch:
-        return self._materialize().scratch
-
-    def __repr__(self) -> str:
-        return f"GpuTensor{self.shape} (attention merge pending)"
 
 
 class GpuTokens(DeviceTokens):
