@@ -352,8 +352,8 @@ class GpuTuning:
     attention_tc_head_dims: tuple[int, ...] = (64, 128)
     """Head sizes attention_tc runs for (of 64 and 128). On an H100 in one call (nineteenth
     session, docs/benchmarks.md), attention GPU us over the layers: Qwen2.5-1.5B (128) 1,506 in
-    one pass with 128-key splits against 2,435 with attention_tiled; the 0.5B (64) 865 against
-    1,416 (eighteenth session)."""
+    one pass with 128-key splits against 2,435 with attention_tiled; the 0.5B (64) 865 in one
+    pass (attention_tiled took 1,416 in the eighteenth session's call)."""
     attention_tc_warps: int = 4
     """Subgroups a workgroup of attention_tc (each MS query rows): 4 or 2."""
     attention_tc_keys: int = 32
