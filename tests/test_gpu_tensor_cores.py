@@ -609,6 +609,21 @@ def test_attention_output_in_f16_feeds_o_proj_with_no_prep_and_the_same_values(t
     np.testing.assert_array_equal(got[True][0], got[False][0])
 
 
+def _off_and_on(ops, fields: list[str], weights, run) -> dict[bool, tuple]:
+    """``run(on)`` with the boolean tuning ``fields`` off, then on, each of ``weights``' cached
+    plans dropped first: {on: (what run returned, the dispatches it recorded)}."""
+    got = {}
+    for on in (False, True):
+        for name in fields:
+            setattr(ops.tuning, name, on)
+        for w in weights:
+            w.plans.clear()
+        before = ops.stats.dispatches
+        value = run(on)
+        got[on] = (value, ops.stats.dispatches - before)
+    return got
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_split_products_reduce_is_recorded_with_the_next_normed_prep(tc_ops, bias):
     """A product split over K on tensor cores (down_proj) leaves its reduce pending
@@ -625,19 +640,17 @@ def test_a_split_products_reduce_is_recorded_with_the_next_normed_prep(tc_ops, b
     nw = ops.weight(rand(rng, rows) + np.float32(1), name="norm")
     b2 = ops.weight(rand(rng, rows2), name="bias") if bias else None
     ops.tuning.tc_splits = 3
-    got = {}
-    for fuse in (False, True):
-        ops.tuning.tc_reduce_prep = fuse
-        for w in (w1, w2):
-            w.plans.clear()
-        before = ops.stats.dispatches
+
+    def run(fuse: bool) -> tuple[np.ndarray, np.ndarray]:
         h = ops.linear(x, w1, residual=r)
         assert (type(h) is ReducePending) == fuse
         y = ops.norm_linear(h, nw, 1e-6, w2, b2)
-        got[fuse] = (ops.read(y), ops.read(h), ops.stats.dispatches - before)
-    np.testing.assert_array_equal(got[True][1], got[False][1])
-    np.testing.assert_array_equal(got[True][0], got[False][0])
-    assert got[False][2] - got[True][2] == 1
+        return ops.read(y), ops.read(h)
+
+    got = _off_and_on(ops, ["tc_reduce_prep"], (w1, w2), run)
+    np.testing.assert_array_equal(got[True][0][1], got[False][0][1])
+    np.testing.assert_array_equal(got[True][0][0], got[False][0][0])
+    assert got[False][1] - got[True][1] == 1
     assert "matmul_tc_prep:main" not in _ran_all(w2, tokens)
 
 
@@ -656,23 +669,22 @@ def test_a_prefill_gives_the_same_logits_with_and_without_the_prep_fusions(tc_op
     ops = tc_ops
     model = bench_gpu.build("small", "f16", ops)
     prompt = (np.arange(100, dtype=np.int32) * 7919) % model.config.vocab_size
-    got, names = {}, []
+    names = []
     real = ops.context.pipeline
     ops.context.pipeline = lambda kernel, kinds, **kw: names.append((kernel, kw.get("flags", ()))) or real(kernel, kinds, **kw)
+
+    def run(_: bool) -> tuple[np.ndarray, set]:
+        names.clear()
+        return ops.read(model.forward(prompt, model.new_cache(128), logits="all")), set(names)
+
     try:
-        for fused in (False, True):
-            ops.tuning.tc_reduce_prep = ops.tuning.attention_tc_half = fused
-            for w in bench_gpu._matrices(model):
-                w.plans.clear()
-            names.clear()
-            before = ops.stats.dispatches
-            logits = ops.read(model.forward(prompt, model.new_cache(128), logits="all"))
-            got[fused] = (logits, ops.stats.dispatches - before, set(names))
+        got = _off_and_on(ops, ["tc_reduce_prep", "attention_tc_half"], list(bench_gpu._matrices(model)), run)
     finally:
         del ops.context.pipeline
-    np.testing.assert_array_equal(got[True][0], got[False][0])
-    assert ("matmul_reduce_prep", ()) in got[True][2] and ("attention_combine", ("half",)) in got[True][2]
-    assert not any(k == "matmul_reduce_prep" or "half" in f for k, f in got[False][2])
+    (logits_off, ran_off), (logits_on, ran_on) = got[False][0], got[True][0]
+    np.testing.assert_array_equal(logits_on, logits_off)
+    assert ("matmul_reduce_prep", ()) in ran_on and ("attention_combine", ("half",)) in ran_on
+    assert not any(k == "matmul_reduce_prep" or "half" in f for k, f in ran_off)
     assert got[False][1] - got[True][1] >= len(model.blocks)
 
 
@@ -688,16 +700,14 @@ def test_a_pending_reduce_keeps_the_silu_mul_for_the_next_products_load(tc_ops):
     x = upload(ops, rand(rng, tokens, cols))
     w_gu, w_dn = ops.weight(rand(rng, 2 * half, cols), name="gate_up"), ops.weight(rand(rng, rows, half), name="down")
     ops.tuning.tc_splits = 3
-    got = {}
-    for fuse in (False, True):
-        ops.tuning.tc_reduce_prep = fuse
-        for w in (w_gu, w_dn):
-            w.plans.clear()
-        before = ops.stats.dispatches
+
+    def run(fuse: bool) -> np.ndarray:
         h = ops.linear(x, w_gu)
         assert (type(h) is ReducePending) == fuse
         s = ops.silu_mul(h)
         assert type(s) is SiluMulPending
-        got[fuse] = (ops.read(ops.linear(s, w_dn)), ops.stats.dispatches - before)
+        return ops.read(ops.linear(s, w_dn))
+
+    got = _off_and_on(ops, ["tc_reduce_prep"], (w_gu, w_dn), run)
     np.testing.assert_array_equal(got[True][0], got[False][0])
     assert got[True][1] == got[False][1]

@@ -131,7 +131,6 @@ class ReducePending(Pending):
         return not self._done
 
 
-
 class SiluMulPending(Pending):
     """``silu_mul(source)`` not computed yet: the next `linear` reads ``[gate | up]`` and applies
     it while loading x (``LINEAR_SILU``), saving a dispatch per layer. Anything else that needs the
