@@ -112,21 +112,45 @@ fn unit_col(u: u32, k: u32) -> u32 {
 }
 
 // Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): value v of a block is qs byte
-// 32 (v / 64) + v % 32, nibble (v % 64) / 32, of sub-block v / 32.
-fn load_w8(row: u32, c8: u32) -> W8 {
+// 32 (v / 64) + v % 32, nibble (v % 64) / 32, of sub-block v / 32. load_w8, split for the prefill
+// matmul into fetch_w8 (the loads: the chunk's two qs words, its sub-block, the block's four side
+// words) and finish_w8 (the scale decoding and dequantization), so that its loads stay in flight
+// through a step and are converted only when stored at the next.
+struct WRaw {
+    q: vec4<u32>,  // qs words a, a + 1, the sub-block j, unused
+    s: vec4<u32>,  // (d, dmin), then the 12 scale bytes
+}
+
+fn fetch_w8(row: u32, c8: u32) -> WRaw {
     let nb = params.cols / 256u;
     let blk = c8 / 32u;
     let v = (c8 % 32u) * 8u;  // first value of the chunk within the block
     let g = v / 64u;
-    let hi = (v % 64u) / 32u;
     let a = row * (nb * 32u) + blk * 32u + 8u * g + (v % 32u) / 4u;
     let s = row * (nb * 4u) + blk * 4u;
-    let dd = unpack2x16float(w_b[s]);
-    let sm = scale_min(s, 2u * g + hi);
-    let d = dd.x * sm.x;
-    let m = dd.y * sm.y;
-    let shift = 4u * hi;
-    return W8(d * vec4<f32>(unpack4xU8((w_a[a] >> shift) & 0x0F0F0F0Fu)) - m,
-              d * vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu)) - m);
+    return WRaw(vec4<u32>(w_a[a], w_a[a + 1u], v / 32u, 0u), vec4<u32>(w_b[s], w_b[s + 1u], w_b[s + 2u], w_b[s + 3u]));
+}
+
+fn finish_w8(r: WRaw) -> W8 {
+    // scale_min for sub-block j from the side words: scale bytes j % 4 of words 1, 2 and 3 are
+    // bytes j, j + 4 (j < 4) or j - 4, j, j + 4 (j >= 4) of the 12.
+    let j = r.q.z;
+    let sh = 8u * (j % 4u);
+    let b0 = (r.s.y >> sh) & 0xFFu;
+    let b1 = (r.s.z >> sh) & 0xFFu;
+    let b2 = (r.s.w >> sh) & 0xFFu;
+    let low = j < 4u;
+    let sc = select((b2 & 15u) | ((b0 >> 6u) << 4u), b0 & 63u, low);
+    let mn = select((b2 >> 4u) | ((b1 >> 6u) << 4u), b1 & 63u, low);
+    let dd = unpack2x16float(r.s.x);
+    let d = dd.x * f32(sc);
+    let m = dd.y * f32(mn);
+    let shift = 4u * (j % 2u);
+    return W8(d * vec4<f32>(unpack4xU8((r.q.x >> shift) & 0x0F0F0F0Fu)) - m,
+              d * vec4<f32>(unpack4xU8((r.q.y >> shift) & 0x0F0F0F0Fu)) - m);
+}
+
+fn load_w8(row: u32, c8: u32) -> W8 {
+    return finish_w8(fetch_w8(row, c8));
 }
 // #endif

@@ -77,18 +77,37 @@ fn unit_col(u: u32, k: u32) -> u32 {
 }
 
 // Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): part p = c8 % 4 of a block is
-// qs words 2 (p % 2) .. + 1, nibble p / 2, fifth bits 8 p .. 8 p + 7 of qh.
-fn load_w8(row: u32, c8: u32) -> W8 {
+// qs words 2 (p % 2) .. + 1, nibble p / 2, fifth bits 8 p .. 8 p + 7 of qh. load_w8, split for
+// the prefill matmul into fetch_w8 (the loads: two qs words, qh, the word holding the block's f16
+// scale pair, and the part and which half of the pair is the scale) and finish_w8 (the
+// dequantization), so that its loads stay in flight through a step and are converted only when
+// stored at the next.
+struct WRaw {
+    q: vec4<u32>,  // qs words a, a + 1, qh, the scale pair
+    part: u32,     // p, plus 4 when the scale is the pair's second half
+}
+
+fn fetch_w8(row: u32, c8: u32) -> WRaw {
     let nb = params.cols / 32u;
     let blk = c8 / 4u;
     let part = c8 % 4u;
     let base = row * (nb * 5u) + blk * 5u;
     let a = base + (part % 2u) * 2u;
+    return WRaw(vec4<u32>(w_a[a], w_a[a + 1u], w_a[base + 4u], w_b[row * ((nb + 1u) / 2u) + blk / 2u]),
+                part | ((blk & 1u) << 2u));
+}
+
+fn finish_w8(r: WRaw) -> W8 {
+    let part = r.part % 4u;
     let shift = (part / 2u) * 4u;
-    let qh = w_a[base + 4u] >> (8u * part);
-    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + blk / 2u])[blk & 1u];
-    let q0 = vec4<f32>(unpack4xU8((w_a[a] >> shift) & 0x0F0F0F0Fu) | high4(qh)) - 16.0;
-    let q1 = vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu) | high4(qh >> 4u)) - 16.0;
+    let qh = r.q.z >> (8u * part);
+    let d = unpack2x16float(r.q.w)[r.part / 4u];
+    let q0 = vec4<f32>(unpack4xU8((r.q.x >> shift) & 0x0F0F0F0Fu) | high4(qh)) - 16.0;
+    let q1 = vec4<f32>(unpack4xU8((r.q.y >> shift) & 0x0F0F0F0Fu) | high4(qh >> 4u)) - 16.0;
     return W8(d * q0, d * q1);
+}
+
+fn load_w8(row: u32, c8: u32) -> W8 {
+    return finish_w8(fetch_w8(row, c8));
 }
 // #endif

@@ -1,8 +1,8 @@
 // matmul.tmpl.wgsl: the register-tiled prefill matmul for every weight format. kjarni/gpu/kernels.py
 // renders it per format (`kernels.template("matmul", format)`): {{BLOCK}} is the format's block
 // decoder (kernels.BLOCKS: block_<format>.wgsl, which declares w_a / w_b and defines
-// `load_w8(row, c8)`, weights 8 c8 .. 8 c8 + 7 of a row dequantized to f32, and for f16 and Q8_0
-// its split into `fetch_w8(row, c8) -> WRaw` (the loads) and `finish_w8(raw) -> W8`); the other
+// `load_w8(row, c8)`, weights 8 c8 .. 8 c8 + 7 of a row dequantized to f32, and for
+// kernels.SPLIT_LOAD_FORMATS (f16, Q8_0, Q4_K, Q5_0) its split into `fetch_w8(row, c8) -> WRaw` (the loads) and `finish_w8(raw) -> W8`); the other
 // formats get the pair from load_w8 through matmul_w_direct.wgsl (the W8 field).
 //
 // Bindings and Params: the linear family (docs/gpu-kernels.md): params, x [tokens, cols], w_a, w_b,

@@ -169,6 +169,10 @@ evenly. (KU 1 double-buffered tiles, with a KU 2 single tile's workgroup memory,
 they were measured on and are not made: docs/benchmarks.md, sixteenth session.)"""
 
 
+# The block decoders that split their prefill chunk load (fetch_w8, the loads) from its conversion
+# (finish_w8), so that the loads stay in flight through a matmul step; the others' load_w8 is used
+# whole (matmul_w_direct.wgsl).
+SPLIT_LOAD_FORMATS = frozenset({"f16", "Q8_0", "Q4_K", "Q5_0"})
 TC_QUANT_FORMATS = ("Q8_0", "Q4_K", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q5_1")
 """GGUF formats with ``matmul_tc`` variants (SHARED tiles only): the weight tile dequantized by the
 format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmpl.wgsl)."""
@@ -232,7 +236,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
     if quant and not shared:
         raise ValueError(f"matmul_tc: {fmt} weights need a SHARED tile (the weight tile is dequantized in workgroup memory)")
     if quant:  # the block decoder (w_a, w_b, fetch_w8 / finish_w8)
-        weight = f"// #include {BLOCKS[fmt]}.wgsl" + ("" if fmt == "Q8_0" else "\n// #include matmul_w_direct.wgsl")
+        weight = f"// #include {BLOCKS[fmt]}.wgsl" + ("" if fmt in SPLIT_LOAD_FORMATS else "\n// #include matmul_w_direct.wgsl")
     elif shared >= 2:  # 16-byte chunks of the f16 weight, copied by the threads
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;"
     else:
@@ -539,9 +543,7 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in ("Q8_0", "Q5_0", "Q4_K")},
     # The f16 decode product, one variant per (rows a group, units a trip), loads written out.
     "matvec_f16": {matvec_f16_variant(r, un): matvec_f16_fields(r, un) for r, un in MATVEC_F16_SHAPES},
-    # f16 and Q8_0 split their loads from the conversion (fetch_w8 / finish_w8 in the block
-    # decoder); the others' load_w8 is used whole (matmul_w_direct.wgsl).
-    "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in ("f16", "Q8_0") else "// #include matmul_w_direct.wgsl"}
+    "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in SPLIT_LOAD_FORMATS else "// #include matmul_w_direct.wgsl"}
                for fmt, block in BLOCKS.items()},
     "embed": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     "attention_tiled": {attention_tiled_variant(*shape): attention_tiled_fields(*shape) for shape in ATTENTION_TILED_SHAPES},
