@@ -29,7 +29,8 @@ T = gguf.GGMLQuantizationType
 ref16 = NumpyOps(weight_format="f16", activations="f16")
 ref32 = NumpyOps()
 
-TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1), (4, 4, 2, 2, 2, 3), (2, 2, 2, 2, 2, 3)]
+TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1), (4, 4, 2, 2, 2, 3), (2, 2, 2, 2, 2, 3),
+         (4, 2, 2, 4, 2, 5), (4, 2, 2, 4, 2, 6), (2, 4, 4, 2, 2, 6)]
 
 
 def _stub_linear(sg: int | None = 32, tuning: GpuTuning | None = None, backend: str = "Vulkan") -> Linear:
@@ -93,7 +94,7 @@ def test_quantized_tensor_cores_only_where_they_apply(case):
 def test_quantized_variants_exist_only_for_shared_tiles_and_render():
     names = [n for n in kernels.TEMPLATES["matmul_tc"] if "." in n]
     assert {n.split(".")[1] for n in names} == set(kernels.TC_QUANT_FORMATS)
-    assert all(re.search(r"_[spw]_sg", n) for n in names)  # SHARED 1, 3, 5: the weight tile in workgroup memory
+    assert all(re.search(r"_[spwo]_sg", n) for n in names)  # SHARED 1, 3, 5, 6: the weight tile in workgroup memory
     for fmt in kernels.TC_QUANT_FORMATS:
         text = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, 1, 32, fmt))
         assert "fn fetch_w8" in text and "var<storage, read> w_a: array<f16>" not in text
