@@ -1,13 +1,16 @@
 """Register-only FMA rates per arithmetic type: f32, vec4<f32>, vec2<f16> and vec4<f16> chains,
-timed on a warm GPU (tools/gputime.py), one JSON line per type. Whether packed f16 arithmetic
-(vec2<f16> fma: the GPU's paired half-precision FMA, where the driver emits one) doubles the f32
-rate decides whether an f16 SIMT prefill matmul is worth building for runtimes without tensor
+and the packed 4 x int8 dot product with accumulation (dot4I8Packed), timed on a warm GPU
+(tools/gputime.py), one JSON line per type. Whether packed f16 arithmetic (vec2<f16> fma: the GPU's
+paired half-precision FMA, where the driver emits one) or the int8 dot product doubles the f32 rate
+decides whether an f16 or int8 SIMT prefill matmul is worth building for runtimes without tensor
 cores (issue 12: wgpu-native's prefill is f32 SIMT).
 
     python tools/probe_fma.py [--runtime dawn] [--groups 2048] [--iters 4096]
 
 Each thread runs CHAINS independent chains of ``x = fma(x, 0.99, 0.001)`` (values stay near 0.1,
-normal in f16); flops = 2 x lanes x chains x iters x threads. ``tflops`` is the median of
+normal in f16), or ``c = dot4I8Packed(bitcast<u32>(c), 0x01ff01ff) + c`` (4 multiply-adds a step,
+each step's operand the previous sum); flops (int8: operations) = 2 x lanes x chains x iters x
+threads. ``tflops`` is the median of
 ``--passes`` timed passes of ``--reps`` dispatches each.
 """
 
@@ -22,12 +25,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHAINS = 8
-TYPES = {"f32": ("f32", 1), "vec4_f32": ("vec4<f32>", 4), "vec2_f16": ("vec2<f16>", 2), "vec4_f16": ("vec4<f16>", 4)}
+TYPES = {"f32": ("f32", 1), "vec4_f32": ("vec4<f32>", 4), "vec2_f16": ("vec2<f16>", 2), "vec4_f16": ("vec4<f16>", 4),
+         "i8dot4": ("i32", 4)}
 
 
 def source(wgsl_type: str, iters: int) -> str:
     """The probe kernel for one type: CHAINS chains a thread, their sum stored as f32."""
     f16 = "f16" in wgsl_type
+    if wgsl_type == "i32":
+        chains = "\n".join(f"    var c{i} = i32(gid.x) + {i};" for i in range(CHAINS))
+        steps = "\n".join(f"        c{i} = dot4I8Packed(bitcast<u32>(c{i}), 0x01ff01ffu) + c{i};" for i in range(CHAINS))
+        total = " + ".join(f"c{i}" for i in range(CHAINS))
+        return f"""@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+{chains}
+    for (var i = 0u; i < {iters}u; i++) {{
+{steps}
+    }}
+    out[gid.x] = f32({total});
+}}
+"""
     scalar = "f16" if f16 else "f32"
     chains = "\n".join(f"    var c{i} = {wgsl_type}({scalar}(s + {0.01 * i}));" for i in range(CHAINS))
     steps = "\n".join(f"        c{i} = fma(c{i}, {wgsl_type}(0.99), {wgsl_type}(0.001));" for i in range(CHAINS))
