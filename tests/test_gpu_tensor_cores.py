@@ -452,6 +452,29 @@ def test_bench_gpu_set_takes_numbers_and_lists_of_ints():
     assert tuning.attention_tc_head_dims == (64, 128)
 
 
+def test_bench_gpu_set_changes_one_entry_of_a_dict_field_in_a_new_dict():
+    """--set NAME[KEY]=VALUE (KEY's parts joined by x): one shape's entry of tc_tiles or
+    tc_quant_tiles, in a new dict, so the default dict that ab_attention_gpu restores is unchanged."""
+    import sys
+    from pathlib import Path
+
+    from kjarni.gpu.tuning import GpuTuning
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import bench_gpu
+
+    tuning = GpuTuning()
+    default = tuning.tc_tiles
+    before = dict(default)
+    assert bench_gpu._set_field(tuning, "tc_tiles[17920x1536]=4,2,2,4,2,6") is None
+    assert tuning.tc_tiles[(17920, 1536)] == (4, 2, 2, 4, 2, 6) and default == before
+    assert {k: v for k, v in tuning.tc_tiles.items() if k != (17920, 1536)} == {k: v for k, v in before.items() if k != (17920, 1536)}
+    assert bench_gpu._set_field(tuning, "tc_quant_tiles[Q4_Kx1536x8960]=none") is None
+    assert tuning.tc_quant_tiles[("Q4_K", 1536, 8960)] is None
+    assert "not a dict field" in bench_gpu._set_field(tuning, "tc_tile[1x2]=1")
+    assert "comma-separated ints or none" in bench_gpu._set_field(tuning, "tc_tiles[1x2]=a")
+
+
 def test_bench_gpu_sweep_choice_overrides_only_the_shapes_it_names():
     """tools/bench_gpu.py --sgmat-choice: a sweep of some shapes keeps the other shapes' default
     tiles; each named shape gets its kernel family, tile, K split and grid order."""

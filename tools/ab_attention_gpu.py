@@ -11,6 +11,8 @@ o_proj merge, from timestamp queries. Each result line is also appended to ``--o
     python tools/ab_attention_gpu.py --decode "default;attention_step_splits=4;matvec_attn_threads=512"
     python tools/ab_attention_gpu.py --runtime dawn --dawn-fast --model qwen2.5-1.5b \
         --prefill "default;attention_tc_head_dims=64,128,attention_tc_online=1"
+    python tools/ab_attention_gpu.py --runtime dawn --dawn-fast --model qwen2.5-1.5b \
+        --prefill "default;tc_tiles[17920x1536]=4,2,2,4,2,6"   # one shape's entry of a dict field
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def main() -> None:
     ops = WgpuOps(ctx, weight_format="f16")
     model = bench_gpu.build(args.model, args.format, ops)
     names = ops.tuning.field_names()
-    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float, tuple))}
+    # Dict fields (tc_tiles[..]=) are replaced whole by a variant, never changed in place, so keeping
+    # the default dict object restores them.
+    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float, tuple, dict))}
     prompt = (np.arange(args.context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(args.context + args.steps + 16)
     fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up

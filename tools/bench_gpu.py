@@ -476,11 +476,28 @@ def _apply_tuning(tuning: GpuTuning, path: str) -> dict:
 
 def _set_field(tuning: GpuTuning, item: str) -> str | None:
     """Apply one ``--set NAME=VALUE`` (an int or float; for a tuple field such as
-    ``attention_tc_head_dims``, comma-separated ints) to ``tuning``; an error message, or None."""
+    ``attention_tc_head_dims``, comma-separated ints) to ``tuning``; an error message, or None.
+    ``NAME[KEY]=VALUE`` sets one entry of a dict field keyed by shape, its key's parts joined by
+    ``x`` (``tc_tiles[17920x1536]=4,2,2,4,2,6``, ``tc_quant_tiles[Q4_Kx17920x1536]=..``; ``none``:
+    None), into a new dict (the field's default object is left as it was)."""
     name, _, value = item.partition("=")
+    key = None
+    if name.endswith("]") and "[" in name:
+        name, _, key = name[:-1].partition("[")
     known = tuning.field_names()
     if name not in known:
         return f"--set {item}: GpuTuning has no field {name!r}; its fields: {', '.join(known)}"
+    if key is not None:
+        table = getattr(tuning, name)
+        if not isinstance(table, dict):
+            return f"--set {item}: {name} is not a dict field; drop [{key}]"
+        try:
+            entry = None if value == "none" else tuple(int(v) for v in value.split(",") if v)
+        except ValueError:
+            return f"--set {item}: {value!r} is not comma-separated ints or none"
+        parts = tuple(int(p) if p.isdigit() else p for p in key.split("x"))
+        setattr(tuning, name, {**table, parts: entry})
+        return None
     listed = isinstance(getattr(tuning, name), tuple)
     try:
         setattr(tuning, name, tuple(int(v) for v in value.split(",") if v) if listed else float(value) if "." in value else int(value))
