@@ -6,13 +6,14 @@ the path into kjarni, not a kernel kjarni runs.
 
 Per Qwen2.5 prefill product (random Q8_0 weights, ``--tokens`` random activations): the activations
 are quantized in numpy as the decode product quantizes them (numpy_ops.quantize_activations: int8
-blocks of 32, scale max|v| / 127) and uploaded; the probe kernel (64 tokens x 64 rows a workgroup of
-256 threads, 4 x 4 outputs a thread, K 64 a step through workgroup memory, the next step's loads in
-flight) sums dot4I8Packed per block and scales by the two block scales in f32. Printed per shape
-(JSON): its time and TFLOP/s, the SIMT matmul's (WgpuOps' prefill of the float activations by the
-same weight; its time includes nothing the probe leaves out but the quantization of x, which a
-real path would add as one small prep dispatch), and the probe's max error against float64
-x8 @ W relative to max |y|.
+blocks of 32, scale max|v| / 127) and uploaded; the probe kernel sums dot4I8Packed per block and
+scales by the two block scales in f32: 256 threads, 64 rows a workgroup, K 64 a step through
+workgroup memory with the next step's loads in flight, and 4 x 4 outputs a thread (``idot_t4``,
+64 tokens a workgroup) or 8 x 4 (``idot_t8``, 128 tokens). Printed per shape (JSON): each
+kernel's time and TFLOP/s beside the SIMT matmul's (WgpuOps' prefill of the float activations by
+the same weight; the probe leaves out only the quantization of x, which a real path would add as
+one small prep dispatch), and each probe kernel's max error against float64 x8 @ W relative to
+max |y|.
 
     python tools/probe_idot.py [--runtime dawn] [--model qwen2.5-1.5b] [--tokens 512]
 """
@@ -30,28 +31,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODELS = {"qwen2.5-0.5b": (896, 4864, 1152), "qwen2.5-1.5b": (1536, 8960, 2048)}
-BM = BN = 64  # tokens, rows a workgroup
+BN = 64  # rows a workgroup (16 threads x 4); tokens: 16 threads x TI (kernel_source)
 KS = 64  # values of K a step (two Q8_0 blocks: 4 vec4<u32> of int8 quants a row)
 PAD = 5  # vec4 a tile row (4 + 1 against bank conflicts)
 
 
-def kernel_source() -> str:
-    """The probe kernel, its 4 x 4 products a thread written out."""
+def kernel_source(ti: int) -> str:
+    """The probe kernel with TI (4 or 8) tokens x 4 rows a thread (BM = 16 TI tokens a workgroup),
+    its products written out."""
+    bm = 16 * ti
+    nx = bm * 4 // 256  # x vec4 a thread loads a step
     comp = "xyzw"
     body = []
-    for i in range(4):
+    for i in range(ti):
         body += [f"            let x{i}_{q} = xs[(ty + {16 * i}u) * PAD + {q}u];" for q in range(4)]
         body += [f"            let dx{i} = vec2<f32>(xds[(ty + {16 * i}u) * 2u], xds[(ty + {16 * i}u) * 2u + 1u]);"]
     for j in range(4):
         body += [f"            let w{j}_{q} = ws[(tx + {16 * j}u) * PAD + {q}u];" for q in range(4)]
         body += [f"            let dw{j} = vec2<f32>(wds[(tx + {16 * j}u) * 2u], wds[(tx + {16 * j}u) * 2u + 1u]);"]
-    for i in range(4):
+    for i in range(ti):
         for b in range(2):
             sums = ", ".join(f"idot8(x{i}_{2 * b}, x{i}_{2 * b + 1}, w{j}_{2 * b}, w{j}_{2 * b + 1})" for j in range(4))
             scales = ", ".join(f"dw{j}.{comp[b]}" for j in range(4))
             body.append(f"            acc{i} = fma(vec4<f32>(vec4<i32>({sums})), dx{i}.{comp[b]} * vec4<f32>({scales}), acc{i});")
     store = []
-    for i in range(4):
+    for i in range(ti):
         store.append(f"    {{\n        let t = m0 + ty + {16 * i}u;\n        if (t < params.tokens) {{")
         store += [f"            if (n0 + tx + {16 * j}u < params.rows) {{ y[t * params.rows + n0 + tx + {16 * j}u] = acc{i}.{comp[j]}; }}"
                   for j in range(4)]
@@ -72,9 +76,9 @@ struct Params {{
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;   // [tokens, rows]
 
 const PAD: u32 = {PAD}u;
-var<workgroup> xs: array<vec4<u32>, {BM} * PAD>;
+var<workgroup> xs: array<vec4<u32>, {bm} * PAD>;
 var<workgroup> ws: array<vec4<u32>, {BN} * PAD>;
-var<workgroup> xds: array<f32, {2 * BM}>;
+var<workgroup> xds: array<f32, {2 * bm}>;
 var<workgroup> wds: array<f32, {2 * BN}>;
 
 fn idot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {{
@@ -83,49 +87,70 @@ fn idot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {{
 }}
 
 struct Loads {{
-    x: vec4<u32>,
+    x0: vec4<u32>,
+    x1: vec4<u32>,
     w: vec4<u32>,
-    d: f32,
+    dx0: f32,
+    dx1: f32,
+    dw: f32,
 }}
 
-// Thread i's share of the step at k0: vec4 i % 4 of tile row i / 4 of x and of W; thread i < 128
-// the scale of x block i % 2 of row i / 2, thread i >= 128 that of W.
+// Thread i's share of the step at k0: vec4 e % 4 of tile row e / 4 of x for e = i (and i + 256
+// when the tile has 512), the same of W for e = i; the scale of x block e % 2 of row e / 2 for
+// e = i, i + 256 below 2 BM, and that of W for e = i below 2 BN.
 fn fetch(k0: u32, m0: u32, n0: u32, i: u32) -> Loads {{
     let c16 = params.cols / 16u;
     let nb = params.cols / 32u;
-    let t = min(m0 + i / 4u, params.tokens - 1u);
+    let last = params.tokens - 1u;
     let r = min(n0 + i / 4u, params.rows - 1u);
-    var l = Loads(xq[t * c16 + k0 / 16u + i % 4u], wq[r * c16 + k0 / 16u + i % 4u], 0.0);
+    var l = Loads();
+    l.x0 = xq[min(m0 + i / 4u, last) * c16 + k0 / 16u + i % 4u];
+    if ({nx}u > 1u) {{
+        l.x1 = xq[min(m0 + (i + 256u) / 4u, last) * c16 + k0 / 16u + i % 4u];
+    }}
+    if (i < {BN * 4}u) {{
+        l.w = wq[r * c16 + k0 / 16u + i % 4u];
+    }}
     let b = k0 / 32u + i % 2u;
-    if (i < 128u) {{
-        l.d = xd[min(m0 + i / 2u, params.tokens - 1u) * nb + b];
-    }} else {{
-        let rr = min(n0 + (i - 128u) / 2u, params.rows - 1u);
-        l.d = unpack2x16float(wd[rr * ((nb + 1u) / 2u) + b / 2u])[b & 1u];
+    if (i < {2 * bm}u) {{
+        l.dx0 = xd[min(m0 + i / 2u, last) * nb + b];
+    }}
+    if (i + 256u < {2 * bm}u) {{
+        l.dx1 = xd[min(m0 + (i + 256u) / 2u, last) * nb + b];
+    }}
+    if (i < {2 * BN}u) {{
+        let rr = min(n0 + i / 2u, params.rows - 1u);
+        l.dw = unpack2x16float(wd[rr * ((nb + 1u) / 2u) + b / 2u])[b & 1u];
     }}
     return l;
 }}
 
 fn store(l: Loads, i: u32) {{
-    xs[(i / 4u) * PAD + i % 4u] = l.x;
-    ws[(i / 4u) * PAD + i % 4u] = l.w;
-    if (i < 128u) {{
-        xds[i] = l.d;
-    }} else {{
-        wds[i - 128u] = l.d;
+    xs[(i / 4u) * PAD + i % 4u] = l.x0;
+    if ({nx}u > 1u) {{
+        xs[((i + 256u) / 4u) * PAD + i % 4u] = l.x1;
+    }}
+    if (i < {BN * 4}u) {{
+        ws[(i / 4u) * PAD + i % 4u] = l.w;
+    }}
+    if (i < {2 * bm}u) {{
+        xds[i] = l.dx0;
+    }}
+    if (i + 256u < {2 * bm}u) {{
+        xds[i + 256u] = l.dx1;
+    }}
+    if (i < {2 * BN}u) {{
+        wds[i] = l.dw;
     }}
 }}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
     let n0 = wid.x * {BN}u;
-    let m0 = wid.y * {BM}u;
+    let m0 = wid.y * {bm}u;
     let tx = lid % 16u;
     let ty = lid / 16u;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
+{chr(10).join(f"    var acc{i} = vec4<f32>(0.0);" for i in range(ti))}
     var next = fetch(0u, m0, n0, lid);
     for (var k0 = 0u; k0 < params.cols; k0 += {KS}u) {{
         workgroupBarrier();
@@ -163,8 +188,10 @@ def main() -> None:
     ctx = WgpuContext(None, runtime=args.runtime)
     if not ctx.has_timestamps:
         raise SystemExit("probe_idot: this adapter has no timestamp queries")
-    module = ctx.device.create_shader_module(code=kernel_source(), label="probe_idot")
-    pipeline = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    pipelines = {}
+    for ti in (4, 8):
+        module = ctx.device.create_shader_module(code=kernel_source(ti), label=f"probe_idot_t{ti}")
+        pipelines[ti] = ctx.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     hidden, inter, qkv = MODELS[args.model]
     rng = np.random.default_rng(0)
     tokens = args.tokens
@@ -172,6 +199,15 @@ def main() -> None:
 
     def buffer(a: np.ndarray):
         return ctx.device.create_buffer_with_data(data=np.ascontiguousarray(a).tobytes(), usage=usage)
+
+    def run_once(call) -> None:
+        encoder = ctx.device.create_command_encoder()
+        cp = encoder.begin_compute_pass()
+        cp.set_pipeline(call[0])
+        cp.set_bind_group(0, call[1])
+        cp.dispatch_workgroups(*call[2])
+        cp.end()
+        ctx.queue.submit([encoder.finish()])
 
     for name, (rows, cols) in {"qkv": (qkv, hidden), "o_proj": (hidden, hidden), "gate_up": (2 * inter, hidden),
                                "down": (hidden, inter)}.items():
@@ -184,23 +220,20 @@ def main() -> None:
         q = np.round(blocks * np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0))).astype(np.int8)
         xd = (amax[..., 0] / np.float32(127.0)).astype(np.float32)
         assert np.array_equal((q * xd[..., None]).astype(np.float32).reshape(tokens, cols), x8)
+        want = x8.astype(np.float64) @ qt.dequantize().astype(np.float64).T
         params = ctx.device.create_buffer_with_data(data=np.array([tokens, rows, cols, 0], np.uint32).tobytes(),
                                                     usage=wgpu.BufferUsage.UNIFORM)
-        y = ctx.device.create_buffer(size=tokens * rows * 4, usage=usage)
-        bufs = [params, buffer(q.view(np.uint32).reshape(tokens, -1)), buffer(xd), buffer(rw.w_a), buffer(rw.w_b), y]
-        group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
-            {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in enumerate(bufs)])
-        probe = [(pipeline, group, (-(-rows // BN), -(-tokens // BM), 1))]
-        encoder = ctx.device.create_command_encoder()
-        cp = encoder.begin_compute_pass()
-        cp.set_pipeline(pipeline)
-        cp.set_bind_group(0, group)
-        cp.dispatch_workgroups(*probe[0][2])
-        cp.end()
-        ctx.queue.submit([encoder.finish()])
-        got = np.frombuffer(ctx.queue.read_buffer(y), np.float32).reshape(tokens, rows)
-        want = x8.astype(np.float64) @ qt.dequantize().astype(np.float64).T
-        err = float(np.abs(got - want).max() / np.abs(want).max())
+        inputs = [params, buffer(q.view(np.uint32).reshape(tokens, -1)), buffer(xd), buffer(rw.w_a), buffer(rw.w_b)]
+        lists, errors = {}, {}
+        for ti, pipeline in pipelines.items():
+            y = ctx.device.create_buffer(size=tokens * rows * 4, usage=usage)
+            group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+                {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in enumerate([*inputs, y])])
+            call = (pipeline, group, (-(-rows // BN), -(-tokens // (16 * ti)), 1))
+            run_once(call)
+            got = np.frombuffer(ctx.queue.read_buffer(y), np.float32).reshape(tokens, rows)
+            errors[f"idot_t{ti}"] = float(f"{float(np.abs(got - want).max() / np.abs(want).max()):.2e}")
+            lists[f"idot_t{ti}"] = [call]
         # The SIMT matmul kjarni runs for this product today, on the float activations.
         ops = WgpuOps(ctx, weight_format="f16")
         ops.tuning.tensor_cores = False
@@ -209,12 +242,12 @@ def main() -> None:
         ctx.queue.write_buffer(xt.buffer, 0, x)
         calls, out = record(ctx, lambda: ops.linear(xt, weight))
         ops.read(out)
-        times = time_lists(ctx, {"idot": probe, "simt": calls}, args.passes, args.reps, 0.5)
+        lists["simt"] = calls
+        times = time_lists(ctx, lists, args.passes, args.reps, 0.5)
         flops = 2.0 * tokens * rows * cols
         print(json.dumps({"shape": name, "rows": rows, "cols": cols, "tokens": tokens, "runtime": ctx.runtime.name,
-                          "adapter": ctx.description, "idot_us": round(1e6 * times["idot"], 1),
-                          "simt_us": round(1e6 * times["simt"], 1), "idot_tflops": round(flops / times["idot"] / 1e12, 1),
-                          "simt_tflops": round(flops / times["simt"] / 1e12, 1), "idot_rel_err": float(f"{err:.2e}"),
+                          "adapter": ctx.description, "us": {k: round(1e6 * t, 1) for k, t in times.items()},
+                          "tflops": {k: round(flops / t / 1e12, 1) for k, t in times.items()}, "rel_err": errors,
                           "simt_kernels": sorted({p.kjarni_name.split(":")[0] for p, _, _ in calls})}), flush=True)
         ops.close()
 
