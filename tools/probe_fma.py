@@ -69,8 +69,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 
 def main() -> None:
     import wgpu
-
     from gputime import time_lists
+
     from kjarni.gpu.context import WgpuContext
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

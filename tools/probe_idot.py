@@ -170,11 +170,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 def main() -> None:
     import wgpu
-
     from bench_gpu import random_quant
     from gputime import record, time_lists
-    from kjarni.gpu import GpuTensor, WgpuOps
-    from kjarni.gpu import quant
+
+    from kjarni.gpu import GpuTensor, WgpuOps, quant
     from kjarni.gpu.context import WgpuContext
     from kjarni.numpy_ops import quantize_activations
 
@@ -240,7 +239,7 @@ def main() -> None:
         weight = ops.weight(qt, name=f"{name}.weight")
         xt = GpuTensor(ctx.scratch(x.nbytes), x.shape)
         ctx.queue.write_buffer(xt.buffer, 0, x)
-        calls, out = record(ctx, lambda: ops.linear(xt, weight))
+        calls, out = record(ctx, lambda ops=ops, xt=xt, weight=weight: ops.linear(xt, weight))
         ops.read(out)
         lists["simt"] = calls
         times = time_lists(ctx, lists, args.passes, args.reps, 0.5)
