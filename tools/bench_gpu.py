@@ -551,7 +551,8 @@ def main() -> None:
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
-                        help="override a GpuTuning field (kjarni/gpu/tuning.py; an int or float), e.g. matvec_t_quads=2")
+                        help="override a GpuTuning field (kjarni/gpu/tuning.py; an int or float, comma-separated ints for a "
+                             "tuple), e.g. matvec_t_quads=2, or one shape's entry of a dict field, e.g. tc_tiles[17920x1536]=4,2,2,4,2,6")
     args = parser.parse_args()
     from kjarni.gpu.tuning import GpuTuning
 
