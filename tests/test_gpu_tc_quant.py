@@ -57,13 +57,14 @@ def test_quantized_prefill_products_pick_the_quantized_tensor_core_tile(fmt):
     assert linear.tc_tile(_seg("f16", 1152), 512, 1536, 1152) is None
 
 
+@pytest.mark.parametrize("vec4_shared", [5, 6])
 @pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
-def test_vec4_tiles_only_on_vulkan_where_their_load_units_were_measured(fmt):
-    """SHARED 5 tiles read offsets in vec4<u32> elements, as Dawn's Vulkan backend does; on any other
-    backend the same tile runs with f16 workgroup tiles (SHARED 3), whose offsets are f16 values."""
-    tuning = GpuTuning(tc_quant=True, tc_tiles={(1152, 1536): (4, 2, 2, 4, 2, 5)},
-                       tc_quant_tiles={("Q8_0", 1152, 1536): (4, 2, 2, 4, 2, 5)})
-    for backend, shared in (("Vulkan", 5), ("Metal", 3), ("D3D12", 3)):
+def test_vec4_tiles_only_on_vulkan_where_their_load_units_were_measured(fmt, vec4_shared):
+    """SHARED 5 and 6 tiles read offsets in vec4<u32> elements, as Dawn's Vulkan backend does; on any
+    other backend the same tile runs with f16 workgroup tiles (SHARED 3), whose offsets are f16 values."""
+    tile = (4, 2, 2, 4, 2, vec4_shared)
+    tuning = GpuTuning(tc_quant=True, tc_tiles={(1152, 1536): tile}, tc_quant_tiles={("Q8_0", 1152, 1536): tile})
+    for backend, shared in (("Vulkan", vec4_shared), ("Metal", 3), ("D3D12", 3)):
         assert _stub_linear(tuning=tuning, backend=backend).tc_tile(_seg(fmt, 1152), 512, 1536, 1152) == (4, 2, 2, 4, 2, shared)
 
 
