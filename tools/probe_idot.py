@@ -11,9 +11,9 @@ scales by the two block scales in f32: 256 threads, 64 rows a workgroup, K 64 a 
 workgroup memory with the next step's loads in flight, and 4 x 4 outputs a thread (``idot_t4``,
 64 tokens a workgroup) or 8 x 4 (``idot_t8``, 128 tokens). Printed per shape (JSON): each
 kernel's time and TFLOP/s beside the SIMT matmul's (WgpuOps' prefill of the float activations by
-the same weight; the probe leaves out only the quantization of x, which a real path would add as
-one small prep dispatch), and each probe kernel's max error against float64 x8 @ W relative to
-max |y|.
+the same weight) and the time of ``prep``, the GPU quantization of x a real path would run first
+(one workgroup a token; its quants and scales are compared with numpy's and the differing ones
+counted), and each probe kernel's max error against float64 x8 @ W relative to max |y|.
 
     python tools/probe_idot.py [--runtime dawn] [--model qwen2.5-1.5b] [--tokens 512]
 """
@@ -168,6 +168,46 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
+PREP_WGSL = """
+struct Params {
+    tokens: u32,
+    rows: u32,
+    cols: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;        // [tokens, cols]
+@group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;  // [tokens, cols / 16]
+@group(0) @binding(3) var<storage, read_write> xd: array<f32>;        // [tokens, cols / 32]
+
+fn pack(v: vec4<f32>, inv: f32) -> u32 {
+    return pack4xI8(vec4<i32>(round(v * inv)));
+}
+
+// One workgroup per token row; thread b quantizes blocks b, b + 256, .. of 32 values as
+// numpy_ops.quantize_activations does: q = round(v 127 / max|v|), d = max|v| / 127.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    let nb = params.cols / 32u;
+    for (var b = lid; b < nb; b += 256u) {
+        let o = t * params.cols / 4u + b * 8u;
+        let v0 = x[o]; let v1 = x[o + 1u]; let v2 = x[o + 2u]; let v3 = x[o + 3u];
+        let v4 = x[o + 4u]; let v5 = x[o + 5u]; let v6 = x[o + 6u]; let v7 = x[o + 7u];
+        let m4 = max(max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3))), max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7))));
+        let m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+        let inv = select(0.0, 127.0 / m, m > 0.0);
+        let q = t * params.cols / 16u + b * 2u;
+        xq[q] = vec4<u32>(pack(v0, inv), pack(v1, inv), pack(v2, inv), pack(v3, inv));
+        xq[q + 1u] = vec4<u32>(pack(v4, inv), pack(v5, inv), pack(v6, inv), pack(v7, inv));
+        xd[t * nb + b] = m / 127.0;
+    }
+}
+"""
+"""The activations' quantization a real integer-dot path would run first, timed with the probe."""
+
+
 def main() -> None:
     import wgpu
     from bench_gpu import random_quant
@@ -187,6 +227,8 @@ def main() -> None:
     ctx = WgpuContext(None, runtime=args.runtime)
     if not ctx.has_timestamps:
         raise SystemExit("probe_idot: this adapter has no timestamp queries")
+    prep_module = ctx.device.create_shader_module(code=PREP_WGSL, label="probe_idot_prep")
+    prep = ctx.device.create_compute_pipeline(layout="auto", compute={"module": prep_module, "entry_point": "main"})
     pipelines = {}
     for ti in (4, 8):
         module = ctx.device.create_shader_module(code=kernel_source(ti), label=f"probe_idot_t{ti}")
@@ -224,6 +266,17 @@ def main() -> None:
                                                     usage=wgpu.BufferUsage.UNIFORM)
         inputs = [params, buffer(q.view(np.uint32).reshape(tokens, -1)), buffer(xd), buffer(rw.w_a), buffer(rw.w_b)]
         lists, errors = {}, {}
+        # The GPU's own quantization of x, into separate buffers: timed, and compared with numpy's.
+        gq = ctx.device.create_buffer(size=tokens * cols, usage=usage)
+        gd = ctx.device.create_buffer(size=tokens * cols // 8, usage=usage)
+        prep_group = ctx.device.create_bind_group(layout=prep.get_bind_group_layout(0), entries=[
+            {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+            for b, buf in enumerate([params, buffer(x), gq, gd])])
+        prep_call = (prep, prep_group, (tokens, 1, 1))
+        run_once(prep_call)
+        same_q = np.frombuffer(ctx.queue.read_buffer(gq), np.int8) == q.reshape(-1)
+        same_d = np.frombuffer(ctx.queue.read_buffer(gd), np.float32) == xd.reshape(-1)
+        lists["prep"] = [prep_call]
         for ti, pipeline in pipelines.items():
             y = ctx.device.create_buffer(size=tokens * rows * 4, usage=usage)
             group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
@@ -246,7 +299,8 @@ def main() -> None:
         flops = 2.0 * tokens * rows * cols
         print(json.dumps({"shape": name, "rows": rows, "cols": cols, "tokens": tokens, "runtime": ctx.runtime.name,
                           "adapter": ctx.description, "us": {k: round(1e6 * t, 1) for k, t in times.items()},
-                          "tflops": {k: round(flops / t / 1e12, 1) for k, t in times.items()}, "rel_err": errors,
+                          "tflops": {k: round(flops / t / 1e12, 1) for k, t in times.items() if k != "prep"}, "rel_err": errors,
+                          "prep_quants_differing": int((~same_q).sum()), "prep_scales_differing": int((~same_d).sum()),
                           "simt_kernels": sorted({p.kjarni_name.split(":")[0] for p, _, _ in calls})}), flush=True)
         ops.close()
 
