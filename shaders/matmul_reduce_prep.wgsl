@@ -59,10 +59,6 @@ fn main(
         s = row_scale(q, sg, nsg, lane, params.rows, params.eps);
     }
     for (var c = lid; c < c4s; c += WG) {
-        var v = y[t * c4s + c] * s;  // this thread's own store above
-        if (norm) {
-            v *= norm_weight[c];
-        }
-        a[t * c4s + c] = vec4<f16>(v);
+        a[t * c4s + c] = normed_f16(y[t * c4s + c], s, c, norm);  // this thread's own store above
     }
 }

@@ -48,10 +48,6 @@ fn main(
         s = row_scale(q, sg, nsg, lane, params.cols, params.eps);
     }
     for (var c = lid; c < c4s; c += WG) {
-        var v = row_value(t, c, c4s, silu) * s;
-        if (norm) {
-            v *= norm_weight[c];
-        }
-        a[t * c4s + c] = vec4<f16>(v);
+        a[t * c4s + c] = normed_f16(row_value(t, c, c4s, silu), s, c, norm);
     }
 }
