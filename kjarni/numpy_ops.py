@@ -106,16 +106,22 @@ INT_DOT_TYPES = frozenset({gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantization
 (matvec_dot.tmpl.wgsl, GpuTuning.matvec_int_dot); ``quantize_activations=True`` mirrors it."""
 
 
-def quantize_activations(x: np.ndarray) -> np.ndarray:
-    """``x`` (float32, a multiple of 32 values a row) rounded as matvec_dot.tmpl.wgsl rounds it:
-    per block of 32, ``q = round(v * 127 / max|v|)`` (half to even) and ``v' = q * max|v| / 127``.
-    The error of a value is at most ``max|v| / 254`` of its block."""
+def quantize_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` (float32, a multiple of 32 values a row) as int8 blocks of 32 the way
+    matvec_dot.tmpl.wgsl quantizes it: ``q = round(v * 127 / max|v|)`` (half to even, int8,
+    ``[blocks, 32]``) and the block scales ``d = max|v| / 127`` (float32, ``[blocks, 1]``)."""
     blocks = x.reshape(-1, 32)
     amax = np.abs(blocks).max(axis=1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0))
-    q = np.round(blocks * inv)
-    return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(x.shape)
+    return np.round(blocks * inv).astype(np.int8), amax / np.float32(127.0)
+
+
+def quantize_activations(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded as matvec_dot.tmpl.wgsl rounds it (`quantize_blocks`): ``v' = q d``. The
+    error of a value is at most ``max|v| / 254`` of its block."""
+    q, d = quantize_blocks(x)
+    return (q * d).astype(np.float32).reshape(x.shape)
 
 
 WEIGHT_FORMATS = ("f32", "f16")

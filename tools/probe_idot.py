@@ -211,11 +211,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 def main() -> None:
     import wgpu
     from bench_gpu import random_quant
-    from gputime import record, time_lists
+    from gputime import record, time_lists, time_once
 
     from kjarni.gpu import GpuTensor, WgpuOps, quant
     from kjarni.gpu.context import WgpuContext
-    from kjarni.numpy_ops import quantize_activations
+    from kjarni.numpy_ops import quantize_activations, quantize_blocks
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runtime", default=None, help="wgpu (wgpu-native, the default) or dawn")
@@ -241,26 +241,13 @@ def main() -> None:
     def buffer(a: np.ndarray):
         return ctx.device.create_buffer_with_data(data=np.ascontiguousarray(a).tobytes(), usage=usage)
 
-    def run_once(call) -> None:
-        encoder = ctx.device.create_command_encoder()
-        cp = encoder.begin_compute_pass()
-        cp.set_pipeline(call[0])
-        cp.set_bind_group(0, call[1])
-        cp.dispatch_workgroups(*call[2])
-        cp.end()
-        ctx.queue.submit([encoder.finish()])
-
     for name, (rows, cols) in {"qkv": (qkv, hidden), "o_proj": (hidden, hidden), "gate_up": (2 * inter, hidden),
                                "down": (hidden, inter)}.items():
         qt = random_quant("q8_0", (rows, cols), rng)
         rw = quant.repack(qt)
         x = rng.standard_normal((tokens, cols), dtype=np.float32)
         x8 = quantize_activations(x)
-        blocks = x.reshape(tokens, -1, 32)
-        amax = np.abs(blocks).max(axis=2, keepdims=True)
-        q = np.round(blocks * np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0))).astype(np.int8)
-        xd = (amax[..., 0] / np.float32(127.0)).astype(np.float32)
-        assert np.array_equal((q * xd[..., None]).astype(np.float32).reshape(tokens, cols), x8)
+        q, xd = quantize_blocks(x)
         want = x8.astype(np.float64) @ qt.dequantize().astype(np.float64).T
         params = ctx.device.create_buffer_with_data(data=np.array([tokens, rows, cols, 0], np.uint32).tobytes(),
                                                     usage=wgpu.BufferUsage.UNIFORM)
@@ -273,7 +260,7 @@ def main() -> None:
             {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
             for b, buf in enumerate([params, buffer(x), gq, gd])])
         prep_call = (prep, prep_group, (tokens, 1, 1))
-        run_once(prep_call)
+        time_once(ctx, [prep_call])  # runs it (its time is not kept)
         same_q = np.frombuffer(ctx.queue.read_buffer(gq), np.int8) == q.reshape(-1)
         same_d = np.frombuffer(ctx.queue.read_buffer(gd), np.float32) == xd.reshape(-1)
         lists["prep"] = [prep_call]
@@ -282,7 +269,7 @@ def main() -> None:
             group = ctx.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
                 {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in enumerate([*inputs, y])])
             call = (pipeline, group, (-(-rows // BN), -(-tokens // (16 * ti)), 1))
-            run_once(call)
+            time_once(ctx, [call])
             got = np.frombuffer(ctx.queue.read_buffer(y), np.float32).reshape(tokens, rows)
             errors[f"idot_t{ti}"] = float(f"{float(np.abs(got - want).max() / np.abs(want).max()):.2e}")
             lists[f"idot_t{ti}"] = [call]
