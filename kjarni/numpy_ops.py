@@ -144,7 +144,10 @@ class NumpyOps:
     ``quantize_activations=True`` rounds the input of every one-token product by a Q8_0, Q5_0 or
     Q4_K weight (`INT_DOT_TYPES`; a weight concatenated from parts counts when all its parts are)
     to int8 blocks of 32 (`quantize_activations`), as the GPU's integer-dot decode product does:
-    the reference to check that kernel against tightly.
+    the reference to check that kernel against tightly. ``quantized_prefill_min_tokens`` (with
+    ``quantize_activations``): products of at least this many rows by those weights are rounded
+    too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl, ``GpuTuning.matmul_int_dot``) does
+    above ``GpuTuning.matvec_max_tokens``; 0, the default: only one-token products.
     """
 
     name = "cpu"
@@ -158,6 +161,7 @@ class NumpyOps:
         activations: str = "f32",
         f16_activation_min_tokens: int = 1,
         quantize_activations: bool = False,
+        quantized_prefill_min_tokens: int = 0,
     ) -> None:
         # Query rows per attention step: any value gives the same bits (see _attend), only speed.
         self.attention_rows = attention_rows
@@ -176,6 +180,7 @@ class NumpyOps:
         self.activations = activations
         self.f16_activation_min_tokens = int(f16_activation_min_tokens)
         self.quantize_activations = bool(quantize_activations)
+        self.quantized_prefill_min_tokens = int(quantized_prefill_min_tokens)
         # Weights loaded from INT_DOT_TYPES tensors (by id, the array kept weakly), whose
         # one-token products read quantized activations when quantize_activations is on.
         self._int_dot_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
@@ -224,7 +229,8 @@ class NumpyOps:
     ) -> np.ndarray:
         if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
             x = x.astype(np.float16).astype(np.float32)
-        if self.quantize_activations and x.shape[0] == 1 and self._int_dot_weights.get(id(weight)) is weight:
+        if self.quantize_activations and self._int_dot_weights.get(id(weight)) is weight and (
+                x.shape[0] == 1 or 0 < self.quantized_prefill_min_tokens <= x.shape[0]):
             x = quantize_activations(x)
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,

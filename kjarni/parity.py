@@ -6,7 +6,8 @@ disagreement; the report gives the logit differences over every compared row, ho
 agree on the top token, and the first step where their greedy choices differ.
 
 Where the GPU's decode products by Q8_0, Q5_0 and Q4_K weights round their input to int8 blocks
-(``GpuTuning.matvec_int_dot``, on by default), plain float32 numpy is not the math the GPU does: a
+(``GpuTuning.matvec_int_dot``, on by default; its prefill products too with
+``GpuTuning.matmul_int_dot`` where they are not on tensor cores), plain float32 numpy is not the math the GPU does: a
 second numpy pass over the same weights with ``quantize_activations`` on
 (`kjarni.numpy_ops.quantize_activations`) is, and the report gives the difference from both. The
 first says how far the GPU's answer is from the float32 reference; the second, how far its kernels
@@ -44,8 +45,9 @@ class ParityReport:
     cpu_tokens: tuple[int, ...]
     gpu_tokens: tuple[int, ...]
     runtime: str = ""  # the WebGPU runtime that ran the GPU side ("wgpu-py 0.32.0 (wgpu-native)")
-    # Against numpy with the decode products' inputs rounded to int8 as the GPU rounds them; None
-    # when no decode product of this model does (no Q8_0/Q5_0/Q4_K weight, or matvec_int_dot off).
+    # Against numpy with the products' inputs rounded to int8 where the GPU rounds them (decode;
+    # prefill with matmul_dot); None when no decode product of this model does (no Q8_0/Q5_0/Q4_K
+    # weight, or matvec_int_dot off).
     max_abs_diff_matched: float | None = None
     mean_abs_diff_matched: float | None = None
 
@@ -59,7 +61,7 @@ class ParityReport:
                 f"max |logit diff| {self.max_abs_diff:.3g}",
                 f"mean |diff|      {self.mean_abs_diff:.3g}",
                 *([] if self.max_abs_diff_matched is None else [
-                    "  against numpy with int8-rounded decode inputs, as the GPU's integer dot computes:",
+                    "  against numpy with inputs rounded to int8 where the GPU's integer dot rounds them:",
                     f"  max |diff| {self.max_abs_diff_matched:.3g}, mean {self.mean_abs_diff_matched:.3g}",
                 ]),
                 f"top-1 agreement  {self.top1_agreement:.1%}",
@@ -95,7 +97,11 @@ def run_parity(
     notice(f"parity: loading {label} on the GPU ({context.description}, {weight_format} weights)", quiet)
     gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format), quiet=quiet)
     cpu_ops: NumpyOps = cpu.model.ops
-    matched = bool(gpu.model.ops.tuning.matvec_int_dot) and cpu_ops.has_int_dot_weights
+    tuning = gpu.model.ops.tuning
+    matched = bool(tuning.matvec_int_dot) and cpu_ops.has_int_dot_weights
+    # The prompt's products too where they run matmul_dot (not on tensor cores, which quantized
+    # weights reach where the device has an f16 subgroup-matrix configuration).
+    prefill_dot = bool(tuning.matmul_int_dot) and not (tuning.tensor_cores and tuning.tc_quant and context.f16_matrix_subgroup)
     ids = cpu.tokenizer.encode(prompt)
     if not ids:
         if cpu.tokenizer.bos_token_id is None:
@@ -106,14 +112,17 @@ def run_parity(
     matched_cache = cpu.model.new_cache(capacity) if matched else None
 
     def matched_forward(tokens: list[int]) -> np.ndarray | None:
-        """The same numpy model with int8-rounded one-token product inputs, on its own cache."""
+        """The same numpy model with int8-rounded one-token product inputs (and prefill product
+        inputs with ``prefill_dot``), on its own cache."""
         if matched_cache is None:
             return None
         cpu_ops.quantize_activations = True
+        cpu_ops.quantized_prefill_min_tokens = tuning.matvec_max_tokens + 1 if prefill_dot else 0
         try:
             return cpu_ops.read(cpu.model.forward(tokens, matched_cache))[0]
         finally:
             cpu_ops.quantize_activations = False
+            cpu_ops.quantized_prefill_min_tokens = 0
 
     bar = Progress(steps + 1, f"parity: prompt of {len(ids)} tokens + {steps} greedy steps on both", quiet, unit="steps")
     with bar:  # one unit per compared row: the prompt, then each greedy step

@@ -4,6 +4,19 @@
 // UNIT dequantised values of unit u of a row as vec4s) and unit_col(u, k) (the column of the
 // k-th vec4). Reads params.cols.
 
+// The 6-bit (sc, m) of sub-block j from a block's side words s (s.x the (d, dmin) pair, s.y ..
+// s.w the 12 scale bytes; GGUF get_scale_min_k4): scale bytes j % 4 of words 1, 2 and 3 are bytes
+// j, j + 4 (j < 4) or j - 4, j, j + 4 (j >= 4) of the 12.
+fn k4_scale_min(s: vec4<u32>, j: u32) -> vec2<u32> {
+    let sh = 8u * (j % 4u);
+    let b0 = (s.y >> sh) & 0xFFu;
+    let b1 = (s.z >> sh) & 0xFFu;
+    let b2 = (s.w >> sh) & 0xFFu;
+    let low = j < 4u;
+    return vec2<u32>(select((b2 & 15u) | ((b0 >> 6u) << 4u), b0 & 63u, low),
+                     select((b2 >> 4u) | ((b1 >> 6u) << 4u), b1 & 63u, low));
+}
+
 // #if idot
 // The integer-dot decoder (matvec_dot.tmpl.wgsl, which defines xq / xd / xs): a chunk is qs vec4
 // c % 8 = 2 j + h of block c / 8, 32 values: the low nibbles are values 64 j + 16 h .. + 15 of
@@ -13,6 +26,33 @@
 @group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;  // qs, 8 vec4 per block
 @group(0) @binding(3) var<storage, read> w_b: array<vec4<u32>>;  // (d, dmin), 12 scale bytes
 
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl): piece p of a row is values 16 p ..
+// 16 p + 15; within its block (p / 16), piece g = p % 4 of group j = (p % 16) / 4 (values 64 j ..
+// 64 j + 63) is nibble g / 2 of qs vec4 2 j + g % 2, sub-block 2 j + g / 2: quants 0 .. 15 as
+// int8, scale d sc, min dmin m (value = d sc q - dmin m).
+const I8_MINS: bool = true;
+
+struct I8Raw {
+    q: vec4<u32>,  // the qs vec4
+    s: vec4<u32>,  // the block's side words
+    g: u32,        // (p % 16): group 4 j + piece g
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 256u;
+    let blk = p / 16u;
+    let pp = p % 16u;
+    return I8Raw(w_a[row * (nb * 8u) + blk * 8u + 2u * (pp / 4u) + pp % 2u], w_b[row * nb + blk], pp);
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    let nibble = (r.g % 4u) / 2u;
+    let sm = k4_scale_min(r.s, 2u * (r.g / 4u) + nibble);
+    let dd = unpack2x16float(r.s.x);
+    return I8((r.q >> vec4<u32>(4u * nibble)) & vec4<u32>(0x0F0F0F0Fu), dd.x * f32(sm.x), dd.y * f32(sm.y));
+}
+// #else
 const CHUNK: u32 = 32u;
 
 struct XC {
@@ -56,6 +96,7 @@ fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
     let mins = f32(mn & 0xFFu) * xc.s_lo + f32(mn >> 8u) * xc.s_hi;
     return dd.x * sums - dd.y * mins;
 }
+// #endif
 // #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]
@@ -132,19 +173,11 @@ fn fetch_w8(row: u32, c8: u32) -> WRaw {
 }
 
 fn finish_w8(r: WRaw) -> W8 {
-    // scale_min for sub-block j from the side words: scale bytes j % 4 of words 1, 2 and 3 are
-    // bytes j, j + 4 (j < 4) or j - 4, j, j + 4 (j >= 4) of the 12.
     let j = r.q.z;
-    let sh = 8u * (j % 4u);
-    let b0 = (r.s.y >> sh) & 0xFFu;
-    let b1 = (r.s.z >> sh) & 0xFFu;
-    let b2 = (r.s.w >> sh) & 0xFFu;
-    let low = j < 4u;
-    let sc = select((b2 & 15u) | ((b0 >> 6u) << 4u), b0 & 63u, low);
-    let mn = select((b2 >> 4u) | ((b1 >> 6u) << 4u), b1 & 63u, low);
+    let sm = k4_scale_min(r.s, j);
     let dd = unpack2x16float(r.s.x);
-    let d = dd.x * f32(sc);
-    let m = dd.y * f32(mn);
+    let d = dd.x * f32(sm.x);
+    let m = dd.y * f32(sm.y);
     let shift = 4u * (j % 2u);
     return W8(d * vec4<f32>(unpack4xU8((r.q.x >> shift) & 0x0F0F0F0Fu)) - m,
               d * vec4<f32>(unpack4xU8((r.q.y >> shift) & 0x0F0F0F0Fu)) - m);

@@ -12,6 +12,41 @@
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // 5 words per block
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // d as f16 pairs
 
+// Bits 0 .. 3 of h as bit 4 of bytes 0 .. 3.
+fn fifth_bits(h: u32) -> u32 {
+    return (((h & 15u) * 0x00204081u) & 0x01010101u) << 4u;
+}
+
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl): piece p of a row is values 16 p ..
+// 16 p + 15, half h = p % 2 of block p / 2: nibble h of qs words 0 .. 3 with qh bits 16 h .. 16 h
+// + 15 as bit 4, q - 16 as int8 (bit 4 flipped, bits 5 .. 7 set where it is then set), scale d.
+const I8_MINS: bool = false;
+
+struct I8Raw {
+    q: vec4<u32>,  // the block's qs words
+    qh: u32,
+    s: u32,        // the word holding the block's f16 scale
+    h: u32,        // the half, plus 2 when the scale is the word's second half
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 32u;
+    let blk = p / 2u;
+    let base = row * (nb * 5u) + blk * 5u;
+    return I8Raw(vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]), w_a[base + 4u],
+                 w_b[row * ((nb + 1u) / 2u) + blk / 2u], (p & 1u) | ((blk & 1u) << 1u));
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    let h = r.h & 1u;
+    let qh = r.qh >> (16u * h);
+    let q5 = ((r.q >> vec4<u32>(4u * h)) & vec4<u32>(0x0F0F0F0Fu))
+           | vec4<u32>(fifth_bits(qh), fifth_bits(qh >> 4u), fifth_bits(qh >> 8u), fifth_bits(qh >> 12u));
+    let w = q5 ^ vec4<u32>(0x10101010u);
+    return I8(w | ((w & vec4<u32>(0x10101010u)) * 14u), unpack2x16float(r.s)[r.h >> 1u], 0.0);
+}
+// #else
 const CHUNK: u32 = 32u;
 
 struct XC {
@@ -24,11 +59,6 @@ struct XC {
 fn x_chunk(c: u32) -> XC {
     let d = xd[c];
     return XC(xq[2u * c], xq[2u * c + 1u], d, d * f32(xs[2u * c] + xs[2u * c + 1u]));
-}
-
-// Bits 0 .. 3 of h as bit 4 of bytes 0 .. 3.
-fn fifth_bits(h: u32) -> u32 {
-    return (((h & 15u) * 0x00204081u) & 0x01010101u) << 4u;
 }
 
 fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
@@ -45,6 +75,7 @@ fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
           + dot4I8Packed(hi.x, xc.b.x) + dot4I8Packed(hi.y, xc.b.y) + dot4I8Packed(hi.z, xc.b.z) + dot4I8Packed(hi.w, xc.b.w);
     return d * (xc.d * f32(i) - 16.0 * xc.s);
 }
+// #endif
 // #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]

@@ -10,6 +10,27 @@
 @group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;  // 2 vec4 per block
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;        // d as f16 pairs
 
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl): piece p of a row is values 16 p ..
+// 16 p + 15, half p % 2 of block p / 2: its vec4 of int8 quants as they are, scale d, no min.
+const I8_MINS: bool = false;
+
+struct I8Raw {
+    q: vec4<u32>,
+    s: u32,  // the word holding the block's f16 scale
+    h: u32,  // which half of it
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 32u;
+    let blk = p / 2u;
+    return I8Raw(w_a[row * (nb * 2u) + p], w_b[row * ((nb + 1u) / 2u) + blk / 2u], blk & 1u);
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    return I8(r.q, unpack2x16float(r.s)[r.h], 0.0);
+}
+// #else
 const CHUNK: u32 = 32u;
 
 struct XC {
@@ -31,6 +52,7 @@ fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
           + dot4I8Packed(b.x, xc.b.x) + dot4I8Packed(b.y, xc.b.y) + dot4I8Packed(b.z, xc.b.z) + dot4I8Packed(b.w, xc.b.w);
     return d * xc.d * f32(i);
 }
+// #endif
 // #else
 @group(0) @binding(2) var<storage, read> w_a: array<u32>;  // packed quants, [rows, words_a]
 @group(0) @binding(3) var<storage, read> w_b: array<u32>;  // scales / mins, [rows, words_b]

@@ -25,6 +25,7 @@ enable f16;
 const WG: u32 = 256u;
 
 // #include row_norm.wgsl
+// #include row_norm_f16.wgsl
 
 @compute @workgroup_size(WG)
 fn main(

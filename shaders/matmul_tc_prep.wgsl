@@ -17,6 +17,7 @@ enable f16;
 const WG: u32 = 256u;
 
 // #include row_norm.wgsl
+// #include row_norm_f16.wgsl
 
 fn row_value(t: u32, c: u32, c4s: u32, silu: bool) -> vec4<f32> {
     if (silu) {

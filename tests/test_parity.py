@@ -65,7 +65,7 @@ def test_q8_0_parity_reports_the_int8_activation_reference_beside_float32(tmp_pa
     assert report.max_abs_diff_matched is not None and report.mean_abs_diff_matched is not None
     assert report.max_abs_diff_matched < 1e-3
     assert report.max_abs_diff > 10 * report.max_abs_diff_matched  # the rounding shows against f32
-    assert "int8-rounded decode inputs" in report.to_text()
+    assert "inputs rounded to int8 where the GPU" in report.to_text()
 
 
 def test_float_weights_have_no_int8_reference(tiny_model, wgpu_context):

@@ -396,6 +396,45 @@ def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int)
     return sm * sn * 1024 + (2 * lds * 16 * (x_rows + sn * tn) * (2 if shared >= 3 else 1) if shared else 0)
 
 
+DOT_FORMATS = ("Q8_0", "Q5_0", "Q4_K")
+"""Formats with an int8 weight tile (block decoders' ``i8tile`` side): the integer-dot prefill
+matmul (``matmul_dot.tmpl.wgsl``) and the decode matvec (``matvec_dot``, flag ``idot``)."""
+DOT_TILES = (4, 8)
+"""``matmul_dot``'s tiles: TI token registers a thread (64 rows x 16 TI tokens a workgroup)."""
+
+
+def dot_variant(fmt: str, ti: int) -> str:
+    """The ``matmul_dot`` variant name of a format and tile, e.g. ``Q8_0_t4``."""
+    return f"{fmt}_t{ti}"
+
+
+def dot_fields(fmt: str, ti: int) -> dict[str, str]:
+    """The fields of ``matmul_dot.tmpl.wgsl`` for weights in ``fmt`` at TI tokens a thread: the
+    block decoder, the tile's token count and each thread's loads, registers and sums written out."""
+    nx = ti // 4  # x quant vec4s a thread loads a step (BM 4 of them over 256 threads)
+    comp = "xyzw"
+    loads = "\n".join(f"    x{n}: vec4<u32>," for n in range(nx))
+    fetch = "\n".join(f"    l.x{n} = a[min(m0 + i / 4u + {64 * n}u, last) * c16 + k0 / 16u + i % 4u];" for n in range(nx))
+    store = "\n".join(f"    xs[(i / 4u + {64 * n}u) * PAD + i % 4u] = l.x{n};" for n in range(nx))
+    acc = "\n".join(f"    var acc{i} = vec4<f32>(0.0);" for i in range(ti))
+    body = []
+    for j in range(4):
+        body += [f"            let w{j}_{q} = ws[(tx + {16 * j}u) * PAD + {q}u];" for q in range(4)]
+        body.append(f"            let dw{j} = wds[tx + {16 * j}u];")
+    for i in range(ti):
+        body += [f"            let x{i}_{q} = xs[(ty + {16 * i}u) * PAD + {q}u];" for q in range(4)]
+        body.append(f"            let dx{i} = xds[ty + {16 * i}u];")
+        for b in range(2):
+            sums = ", ".join(f"idot8(x{i}_{2 * b}, x{i}_{2 * b + 1}, w{j}_{2 * b}, w{j}_{2 * b + 1})" for j in range(4))
+            scales = ", ".join(f"dw{j}.{comp[2 * b]}" for j in range(4))
+            body.append(f"            acc{i} = fma(vec4<f32>(vec4<i32>({sums})), dx{i}.{comp[2 * b]} * vec4<f32>({scales}), acc{i});")
+            mins = ", ".join(f"dw{j}.{comp[2 * b + 1]}" for j in range(4))
+            body.append(f"            if (I8_MINS) {{ acc{i} -= dx{i}.{comp[2 * b + 1]} * vec4<f32>({mins}); }}")
+    put = "\n".join(f"    put(wid.z, m0 + ty + {16 * i}u, n0 + tx, acc{i});" for i in range(ti))
+    return {"BLOCK": BLOCKS[fmt], "BM": str(16 * ti), "LOADS": loads, "FETCH": fetch, "STORE": store, "ACC": acc,
+            "BODY": "\n".join(body), "PUT": put}
+
+
 MATVEC_F16_SHAPES: tuple[tuple[int, int], ...] = tuple((r, un) for r in (1, 2, 4) for un in (1, 2, 4))
 """The f16 decode matvec's variants (``matvec_f16.tmpl.wgsl``): (R rows a row group, UN units a trip)."""
 
@@ -553,7 +592,9 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
     # an `idot` side (render with the flag "idot").
-    "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in ("Q8_0", "Q5_0", "Q4_K")},
+    "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in DOT_FORMATS},
+    # The integer-dot prefill matmul (render with the flags "idot" and "i8tile").
+    "matmul_dot": {dot_variant(fmt, ti): dot_fields(fmt, ti) for fmt in DOT_FORMATS for ti in DOT_TILES},
     # The f16 decode product, one variant per (rows a group, units a trip), loads written out.
     "matvec_f16": {matvec_f16_variant(r, un): matvec_f16_fields(r, un) for r, un in MATVEC_F16_SHAPES},
     "matmul": {fmt: {"BLOCK": block, "W8": "" if fmt in SPLIT_LOAD_FORMATS else "// #include matmul_w_direct.wgsl"}

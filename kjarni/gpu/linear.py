@@ -92,7 +92,10 @@ class Linear:
         # free again once recorded, as the partials are.
         a_scratch = ctx.scratch(common[5]) if common[5] else None
         a_buffer = x.half.buffer if half else x.buffer if prepared else a_scratch.buffer if a_scratch is not None else None
-        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer, a_buffer))
+        # Integer-dot prefill (matmul_dot): x as int8 quants and block scales, likewise.
+        d_scratch = ctx.scratch(common[6]) if common[6] else None
+        d_buffer = d_scratch.buffer if d_scratch is not None else None
+        bound = groups.get((x_buffer, r_buffer, out.buffer, p_buffer, a_buffer, d_buffer))
         if bound is None:
             bias_buffer, norm_buffer = common[:2]
             dummy, r = ctx.dummy, r_buffer or ctx.dummy
@@ -103,8 +106,11 @@ class Linear:
                 "prep": lambda w_a, w_b: (x_buffer, dummy, dummy, dummy, dummy, norm_buffer, a_buffer),
                 "tc": lambda w_a, w_b: (a_buffer, w_a, w_b, bias_buffer, r, dummy, out.buffer),
                 "tc_partial": lambda w_a, w_b: (a_buffer, w_a, w_b, dummy, dummy, dummy, p_buffer),
+                "dot_prep": lambda w_a, w_b: (x_buffer, dummy, dummy, dummy, dummy, norm_buffer, d_buffer),
+                "dot": lambda w_a, w_b: (d_buffer, w_a, w_b, bias_buffer, r, dummy, out.buffer),
+                "dot_partial": lambda w_a, w_b: (d_buffer, w_a, w_b, dummy, dummy, dummy, p_buffer),
             }
-            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer, a_buffer)] = [
+            bound = groups[(x_buffer, r_buffer, out.buffer, p_buffer, a_buffer, d_buffer)] = [
                 ctx.bind_group(pipeline, (params, *buffers[role](w_a, w_b))) for pipeline, params, _, w_a, w_b, role in dispatches
             ]
         # A product split over K on tensor cores, one segment of rows % 4: its reduce waits for the
@@ -212,7 +218,7 @@ class Linear:
             | (LINEAR_SILU if silu else 0)
         )
         dispatches = []
-        prep_bytes = 0
+        prep_bytes = dot_bytes = 0
         if (prepared or silu_out) and not all(self.tc_tile(seg, tokens, cols, rows) for seg in weight.segments):
             raise InvalidConfigurationError(f"linear: {weight.name} has a segment off tensor cores, which f16 activations "
                                             "in and silu(gate) up out need (Linear.swiglu_fusable decides that first)")
@@ -237,6 +243,26 @@ class Linear:
                     reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
                     dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
                 continue
+            ti = self.dot_tile(seg, tokens, cols)
+            if ti is not None:
+                # Integer dot: x quantized to int8 once (matmul_dot_prep.wgsl, norm and silu_mul
+                # applied), then per segment matmul_dot without them.
+                if not dot_bytes:
+                    dot_bytes = tokens * cols + tokens * (cols // 32) * 8  # quants, then (d, d sum q) per block
+                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags & (LINEAR_NORM | LINEAR_SILU),
+                                                     row_offset=0, y_stride=rows, eps=eps))
+                    prep = ctx.pipeline("matmul_dot_prep", LINEAR_KINDS)
+                    dispatches.append((prep, params, (tokens, 1, 1), ctx.dummy, ctx.dummy, "dot_prep"))
+                splits = self.dot_splits(ti, seg.rows, tokens, cols, rows)
+                mm_flags = flags & (LINEAR_BIAS | LINEAR_RESIDUAL) if splits == 1 else 0
+                pipeline, params, grid = self.dot_kernel(ti, seg, cols, rows, tokens, mm_flags)
+                dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "dot" if splits == 1 else "dot_partial"))
+                if splits > 1:
+                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
+                                                     row_offset=seg.row_offset, y_stride=rows, eps=eps))
+                    reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
+                    dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+                continue
             tile = self.sgmat_tile(seg, tokens, cols)
             if tile is not None:
                 splits = self.sgmat_splits(tile, seg.rows, tokens, cols, rows)
@@ -254,7 +280,7 @@ class Linear:
                                              row_offset=seg.row_offset, y_stride=rows, eps=eps))
             reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
             dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
-        most = max((d[2][2] for d in dispatches if d[5] in ("partial", "tc_partial")), default=1)
+        most = max((d[2][2] for d in dispatches if d[5] in ("partial", "tc_partial", "dot_partial")), default=1)
         common = (
             bias.buffer if bias is not None else ctx.dummy,
             norm_weight.buffer if norm_weight is not None else ctx.dummy,
@@ -262,6 +288,7 @@ class Linear:
             norm_weight,
             most * tokens * rows * 4 if most > 1 else 0,  # the partials' scratch
             prep_bytes,  # the tensor cores' f16 activations
+            dot_bytes,  # matmul_dot's int8 activations
         )
         return dispatches, {}, rows, common
 
@@ -542,6 +569,52 @@ class Linear:
         if kernels.tc_workgroup_bytes(*tile) > self.context.max_workgroup_storage:
             return None
         return tuple(tile)
+
+    def dot_tile(self, seg: Segment, tokens: int, cols: int) -> int | None:
+        """TI of the integer-dot prefill matmul (matmul_dot.tmpl.wgsl) for this product, or None for
+        the other kernels: ``matmul_int_dot`` on, a subgroup device (matmul_dot_prep shares a
+        block's maximum over 8 lanes), a format of ``kernels.DOT_FORMATS``, more than
+        ``matvec_max_tokens`` tokens and ``cols`` a multiple of 64 (`plan` tries `tc_tile` first:
+        tensor cores win where the device has them). The tile: ``matmul_dot_tiles[(format, rows,
+        cols)]``, else ``matmul_dot_tile``."""
+        tuning, ctx = self.tuning, self.context
+        if not (tuning.matmul_int_dot and ctx.has_subgroups and seg.format in kernels.DOT_FORMATS
+                and tokens > tuning.matvec_max_tokens and cols % 64 == 0):
+            return None
+        ti = tuning.matmul_dot_tiles.get((seg.format, seg.rows, cols), tuning.matmul_dot_tile)
+        if ti not in kernels.DOT_TILES or tokens * cols * 5 // 4 > ctx.max_binding_size:
+            return None
+        return ti
+
+    def dot_splits(self, ti: int, rows: int, tokens: int, cols: int, y_stride: int) -> int:
+        """Workgroups splitting K for matmul_dot (grid z, then matmul_reduce): ``matmul_dot_splits``
+        if set, else enough for about ``sgmat_split_below`` workgroups when they are fewer (at most
+        ``sgmat_max_splits``), at least 4 steps of 64 each, within one storage binding of partials."""
+        tuning = self.tuning
+        groups = -(-rows // 64) * -(-tokens // (16 * ti))
+        splits = tuning.matmul_dot_splits
+        if splits is None:
+            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
+        splits = min(int(splits), cols // 64 // 4)
+        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
+            return 1
+        return splits
+
+    def dot_kernel(self, ti: int, seg: Segment, cols: int, rows: int, tokens: int,
+                   flags: int) -> tuple[Any, Any, tuple[int, int, int]]:
+        """(pipeline, params, grid) of matmul_dot for one segment (grid z = 1: the caller's split)."""
+        ctx = self.context
+        variant = kernels.dot_variant(seg.format, ti)
+        order = frozenset({"idot", "i8tile"})
+
+        def source() -> str:
+            return kernels.template("matmul_dot", variant, order)
+
+        pipeline = ctx.pipeline("matmul_dot." + variant, LINEAR_KINDS, source=source, flags=order,
+                                unchecked=self.tuning.matmul_dot_unchecked)
+        params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset,
+                                         y_stride=rows, eps=0.0))
+        return pipeline, params, (-(-seg.rows // 64), -(-tokens // (16 * ti)), 1)
 
     def tc_kernel(self, tile: tuple[int, ...], seg: Segment, cols: int, rows: int, tokens: int, flags: int,
                   silu: bool = False) -> tuple[Any, Any, tuple[int, int, int]]:

@@ -231,6 +231,27 @@ class GpuTuning:
     sgmat_max_splits: int = 4
     """Automatic: at most this many tensor-core K splits."""
 
+    # ---------------------------------------------------------------- linear: integer-dot prefill
+    matmul_int_dot: bool = False
+    """Prefill products by Q8_0, Q5_0 and Q4_K weights that do not run on tensor cores (all of them
+    on wgpu-native) run matmul_dot.tmpl.wgsl: x quantized once per product to int8 blocks of 32 by
+    matmul_dot_prep.wgsl (norm and silu_mul applied first), dot4I8Packed against the weights' quants
+    in a 64-row tile, the scales in f32 (``NumpyOps(quantize_activations=True,
+    quantized_prefill_min_tokens=matvec_max_tokens + 1)`` is the reference). Off: not yet measured
+    on a GPU against the SIMT matmul (tools/bench_gpu.py ``--set matmul_int_dot=1``); on lavapipe
+    tools/probe_idot.py's kernel of the same tile took 43-57% of the SIMT time."""
+    matmul_dot_tile: int = 4
+    """matmul_dot's tile where ``matmul_dot_tiles`` names none: TI (kernels.DOT_TILES, 4 or 8)
+    token registers a thread, 64 rows x 16 TI tokens a workgroup."""
+    matmul_dot_tiles: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    """Per (format, segment rows, cols): matmul_dot's TI."""
+    matmul_dot_splits: int | None = None
+    """K split of matmul_dot over workgroups: None = automatic (fewer tiles than
+    ``sgmat_split_below`` split, at most ``sgmat_max_splits`` ways, at least 4 steps of 64 each), or a count."""
+    matmul_dot_unchecked: bool = False
+    """Compile matmul_dot without naga's runtime index checks (its loads are clamped to the last
+    token and row and its tiles sized by the variant, so every index is in range by construction)."""
+
     # ---------------------------------------------------------------- linear: decode matvec
     matvec_template: bool = True
     """One-token products run matvec.tmpl.wgsl or matvec_dot.tmpl.wgsl (False: the older linear_body
