@@ -7,8 +7,8 @@
 // Bindings: the linear family's (docs/gpu-kernels.md): x (1), norm_weight (6), a as y (7): one
 // buffer of vec4<u32>, the quants first ([tokens, cols / 16]: 16 int8 values a vec4), then at vec4
 // tokens cols / 16 the scales ([tokens, cols / 64]: (d, d sum q) of two blocks a vec4, as f32 bits).
-// The 8 threads of a block (consecutive lanes of one subgroup) share its maximum and its sum of
-// quants through subgroupShuffleXor. Needs cols % 64 == 0, subgroups of at least 8 lanes.
+// The 8 threads of a block (consecutive lanes of one subgroup) share its maximum (quantize_x.wgsl)
+// and its sum of quants through subgroupShuffleXor. Needs cols % 64 == 0, subgroups of at least 8 lanes.
 // Grid: (tokens, 1, 1), 256 threads.
 
 // #include linear_structs.wgsl
@@ -21,14 +21,8 @@
 const WG: u32 = 256u;
 
 // #include row_norm.wgsl
-
-fn row_value(t: u32, c: u32, c4s: u32, silu: bool) -> vec4<f32> {
-    if (silu) {
-        let g = x[t * 2u * c4s + c];
-        return g / (vec4<f32>(1.0) + exp(-g)) * x[t * 2u * c4s + c4s + c];
-    }
-    return x[t * c4s + c];
-}
+// #include prep_row.wgsl
+// #include quantize_x.wgsl
 
 @compute @workgroup_size(WG)
 fn main(
@@ -63,12 +57,8 @@ fn main(
                 v *= norm_weight[c];
             }
         }
-        let m4 = abs(v);
-        var m = max(max(m4.x, m4.y), max(m4.z, m4.w));
-        m = max(m, subgroupShuffleXor(m, 1u));
-        m = max(m, subgroupShuffleXor(m, 2u));
-        m = max(m, subgroupShuffleXor(m, 4u));
-        let q = vec4<i32>(round(v * select(0.0, 127.0 / m, m > 0.0)));
+        let xq4 = quantize_x4(v);
+        let q = xq4.q;
         var qs = q.x + q.y + q.z + q.w;
         qs += subgroupShuffleXor(qs, 1u);
         qs += subgroupShuffleXor(qs, 2u);
@@ -76,7 +66,7 @@ fn main(
         if (c < c4s) {
             a[(t * c4s + c) / 4u][c % 4u] = pack4xI8(q);
             if (c % 8u == 0u) {
-                let d = m / 127.0;
+                let d = xq4.m / 127.0;
                 let b = c / 8u;  // block of the row
                 a[scales + b / 2u][2u * (b % 2u)] = bitcast<u32>(d);
                 a[scales + b / 2u][2u * (b % 2u) + 1u] = bitcast<u32>(d * f32(qs));

@@ -18,14 +18,7 @@ const WG: u32 = 256u;
 
 // #include row_norm.wgsl
 // #include row_norm_f16.wgsl
-
-fn row_value(t: u32, c: u32, c4s: u32, silu: bool) -> vec4<f32> {
-    if (silu) {
-        let g = x[t * 2u * c4s + c];
-        return g / (vec4<f32>(1.0) + exp(-g)) * x[t * 2u * c4s + c4s + c];
-    }
-    return x[t * c4s + c];
-}
+// #include prep_row.wgsl
 
 @compute @workgroup_size(WG)
 fn main(

@@ -59,6 +59,7 @@ var<workgroup> part: array<vec4<f32>, 2u * MAX_SUBGROUPS>;  // double-buffered b
 var<workgroup> part_ss: array<f32, MAX_SUBGROUPS>;
 
 // #include {{BLOCK}}.wgsl
+// #include quantize_x.wgsl
 
 // x[c .. c + 3] as the product reads it: silu(gate) * up with flags bit 3; with flag `attn` the
 // merged attention output (vec4 c / 4 of head c / 4 / HD4).
@@ -112,12 +113,9 @@ fn main(
                 v *= norm_weight[i];
             }
         }
-        let a = abs(v);
-        var m = max(max(a.x, a.y), max(a.z, a.w));
-        m = max(m, subgroupShuffleXor(m, 1u));
-        m = max(m, subgroupShuffleXor(m, 2u));
-        m = max(m, subgroupShuffleXor(m, 4u));
-        let q = vec4<i32>(round(v * select(0.0, 127.0 / m, m > 0.0)));
+        let xq4 = quantize_x4(v);
+        let q = xq4.q;
+        let m = xq4.m;
         var qs = q.x + q.y + q.z + q.w;
         qs += subgroupShuffleXor(qs, 1u);
         qs += subgroupShuffleXor(qs, 2u);

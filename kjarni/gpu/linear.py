@@ -238,10 +238,7 @@ class Linear:
                 pipeline, params, grid = self.tc_kernel(tc, seg, cols, rows, tokens, mm_flags, silu_out)
                 dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "tc" if splits == 1 else "tc_partial"))
                 if splits > 1:
-                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
-                                                     row_offset=seg.row_offset, y_stride=rows, eps=eps))
-                    reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
-                    dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+                    dispatches.append(self.reduce_dispatch(seg, splits, tokens, flags, rows, eps))
                 continue
             ti = self.dot_tile(seg, tokens, cols)
             if ti is not None:
@@ -258,10 +255,7 @@ class Linear:
                 pipeline, params, grid = self.dot_kernel(ti, seg, cols, rows, tokens, mm_flags)
                 dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "dot" if splits == 1 else "dot_partial"))
                 if splits > 1:
-                    params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
-                                                     row_offset=seg.row_offset, y_stride=rows, eps=eps))
-                    reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
-                    dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+                    dispatches.append(self.reduce_dispatch(seg, splits, tokens, flags, rows, eps))
                 continue
             tile = self.sgmat_tile(seg, tokens, cols)
             if tile is not None:
@@ -276,10 +270,7 @@ class Linear:
             kept = LINEAR_SILU | (LINEAR_NORM if tile is not None else 0)  # matmul_sgmat's norm covers whole rows
             pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags & kept, eps)
             dispatches.append((pipeline, params, (grid[0], grid[1], splits), seg.w_a, seg.w_b, "partial"))
-            params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
-                                             row_offset=seg.row_offset, y_stride=rows, eps=eps))
-            reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
-            dispatches.append((reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"))
+            dispatches.append(self.reduce_dispatch(seg, splits, tokens, flags, rows, eps))
         most = max((d[2][2] for d in dispatches if d[5] in ("partial", "tc_partial", "dot_partial")), default=1)
         common = (
             bias.buffer if bias is not None else ctx.dummy,
@@ -291,6 +282,15 @@ class Linear:
             dot_bytes,  # matmul_dot's int8 activations
         )
         return dispatches, {}, rows, common
+
+    def reduce_dispatch(self, seg: Segment, splits: int, tokens: int, flags: int, rows: int, eps: float) -> tuple:
+        """The matmul_reduce.wgsl dispatch (role "reduce") adding a segment's ``splits`` K-split
+        partials into y, with the bias and residual of ``flags``."""
+        ctx = self.context
+        params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=splits, tokens=tokens, flags=flags & (LINEAR_BIAS | LINEAR_RESIDUAL),
+                                         row_offset=seg.row_offset, y_stride=rows, eps=eps))
+        reduce = ctx.pipeline("matmul_reduce", LINEAR_KINDS)
+        return reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"
 
     def segment_kernel(self, seg: Segment, cols: int, rows: int, tokens: int, flags: int, eps: float,
                        attn: tuple[int, int] | None = None) -> tuple[Any, Any, tuple[int, int, int]]:
