@@ -605,12 +605,12 @@ class Linear:
         """(pipeline, params, grid) of matmul_dot for one segment (grid z = 1: the caller's split)."""
         ctx = self.context
         variant = kernels.dot_variant(seg.format, ti)
-        order = frozenset({"idot", "i8tile"})
+        sides = frozenset({"idot", "i8tile"})  # the block decoder's int8 weight tile
 
         def source() -> str:
-            return kernels.template("matmul_dot", variant, order)
+            return kernels.template("matmul_dot", variant, sides)
 
-        pipeline = ctx.pipeline("matmul_dot." + variant, LINEAR_KINDS, source=source, flags=order,
+        pipeline = ctx.pipeline("matmul_dot." + variant, LINEAR_KINDS, source=source, flags=sides,
                                 unchecked=self.tuning.matmul_dot_unchecked)
         params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags, row_offset=seg.row_offset,
                                          y_stride=rows, eps=0.0))
