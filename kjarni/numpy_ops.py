@@ -145,9 +145,10 @@ class NumpyOps:
     Q4_K weight (`INT_DOT_TYPES`; a weight concatenated from parts counts when all its parts are)
     to int8 blocks of 32 (`quantize_activations`), as the GPU's integer-dot decode product does:
     the reference to check that kernel against tightly. ``quantized_prefill_min_tokens`` (with
-    ``quantize_activations``): products of at least this many rows by those weights are rounded
-    too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl, ``GpuTuning.matmul_int_dot``) does
-    above ``GpuTuning.matvec_max_tokens``; 0, the default: only one-token products.
+    ``quantize_activations``): products of at least this many rows by those weights, with rows of a
+    multiple of 64 values, are rounded too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl,
+    ``GpuTuning.matmul_int_dot``, which needs that width; narrower rows keep the float32 SIMT
+    matmul) does above ``GpuTuning.matvec_max_tokens``; 0, the default: only one-token products.
     """
 
     name = "cpu"
@@ -230,7 +231,7 @@ class NumpyOps:
         if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
             x = x.astype(np.float16).astype(np.float32)
         if self.quantize_activations and self._int_dot_weights.get(id(weight)) is weight and (
-                x.shape[0] == 1 or 0 < self.quantized_prefill_min_tokens <= x.shape[0]):
+                x.shape[0] == 1 or (0 < self.quantized_prefill_min_tokens <= x.shape[0] and x.shape[1] % 64 == 0)):
             x = quantize_activations(x)
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,

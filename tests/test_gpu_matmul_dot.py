@@ -53,6 +53,9 @@ def test_numpy_quantizes_prefill_products_from_the_token_count_given():
         x = rng.standard_normal((tokens, 64)).astype(np.float32)
         want = FLOAT_REF.linear(quantize_activations(x) if quantized else x, q8)
         np.testing.assert_array_equal(REF.linear(x, q8), want, err_msg=f"{tokens} tokens")
+    narrow = REF.weight(random_quant(T.Q8_0, 8, 96, seed=1), name="n.weight")  # rows of 96: the GPU's SIMT matmul
+    x = rng.standard_normal((PREFILL, 96)).astype(np.float32)
+    np.testing.assert_array_equal(REF.linear(x, narrow), FLOAT_REF.linear(x, narrow))
     off = NumpyOps(quantize_activations=True)  # 0: one-token products only
     w = off.weight(random_quant(T.Q8_0, 8, 64, seed=1), name="a.weight")
     x = rng.standard_normal((PREFILL, 64)).astype(np.float32)

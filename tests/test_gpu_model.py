@@ -191,7 +191,12 @@ def test_q8_0_gguf_weights_stay_quantized_and_match_numpy(tmp_path, gpu_ops):
     path = save_gguf_model(tmp_path / "m.gguf", config, random_state_dict(config, seed=3), quant="Q8_0")
     weights = load_weights(path)
     cfg = ModelConfig.from_dict(config)
-    cpu, gpu = DecoderModel(cfg, weights, NumpyOps()), DecoderModel(cfg, weights, gpu_ops)
+    # The numpy reference rounds the products' inputs to int8 where the GPU's integer dot does
+    # (the prompt's products too with GpuTuning.matmul_int_dot).
+    tuning = gpu_ops.tuning
+    ref = NumpyOps(quantize_activations=tuning.matvec_int_dot,
+                   quantized_prefill_min_tokens=tuning.matvec_max_tokens + 1 if tuning.matmul_int_dot else 0)
+    cpu, gpu = DecoderModel(cfg, weights, ref), DecoderModel(cfg, weights, gpu_ops)
     assert gpu.blocks[0].qkv.formats == ["Q8_0"]
     expected = cpu.ops.read(cpu.forward(PROMPT, cpu.new_cache(32), logits="all"))
     got = gpu.ops.read(gpu.forward(PROMPT, gpu.new_cache(32), logits="all"))
@@ -212,7 +217,9 @@ def test_q8_0_weight_format_quantizes_float_weights_at_load(tmp_path, wgpu_conte
     cfg = ModelConfig.from_dict(config)
     from kjarni.gpu import WgpuOps
 
-    gpu = DecoderModel(cfg, load_weights(tmp_path / "f32"), WgpuOps(wgpu_context, weight_format="q8_0", kv_format="f32"))
+    ops = WgpuOps(wgpu_context, weight_format="q8_0", kv_format="f32")
+    ops.tuning.matmul_int_dot = False  # the prompt's products in float32, as the reference's
+    gpu = DecoderModel(cfg, load_weights(tmp_path / "f32"), ops)
     cpu = DecoderModel(cfg, load_weights(tmp_path / "rounded"), NumpyOps())
     assert gpu.blocks[0].qkv.formats == ["Q8_0"] and gpu.blocks[0].down_proj.formats == ["Q8_0"]
     f16 = DecoderModel(cfg, load_weights(tmp_path / "f32"), WgpuOps(wgpu_context, weight_format="f16"))

@@ -43,6 +43,7 @@ def make_ops(wgpu_context):
     def make(weight_format: str, variant: str) -> WgpuOps:
         ops = WgpuOps(wgpu_context, weight_format=weight_format)
         ops.tuning.tensor_cores = False  # these are the SIMT kernel's variants
+        ops.tuning.matmul_int_dot = False  # and the SIMT kernel's for Q8_0 / Q5_0 / Q4_K too (float32 x)
         t = ops.tuning
         t.matmul_min_big_tiles, t.matmul_split_k_below, t.matmul_splits, t.matmul_nbuf = VARIANTS[variant]
         return ops
