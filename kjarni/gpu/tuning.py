@@ -232,17 +232,19 @@ class GpuTuning:
     """Automatic: at most this many tensor-core K splits."""
 
     # ---------------------------------------------------------------- linear: integer-dot prefill
-    matmul_int_dot: bool = False
+    matmul_int_dot: bool = True
     """Prefill products by Q8_0, Q5_0 and Q4_K weights that do not run on tensor cores (all of them
     on wgpu-native) run matmul_dot.tmpl.wgsl: x quantized once per product to int8 blocks of 32 by
     matmul_dot_prep.wgsl (norm and silu_mul applied first), dot4I8Packed against the weights' quants
     in a 64-row tile, the scales in f32 (``NumpyOps(quantize_activations=True,
-    quantized_prefill_min_tokens=matvec_max_tokens + 1)`` is the reference). Off: not yet measured
-    on a GPU against the SIMT matmul (tools/bench_gpu.py ``--set matmul_int_dot=1``); on lavapipe
-    tools/probe_idot.py's kernel of the same tile took 43-57% of the SIMT time."""
+    quantized_prefill_min_tokens=matvec_max_tokens + 1)`` is the reference). H100, wgpu-native,
+    512-token prefill (tools/ab_attention_gpu.py, 2 rounds, docs/benchmarks.md twenty-first
+    session): Qwen2.5-0.5B Q8_0 24,315 / 24,394 -> 47,415 / 48,110 tok/s, Q4_K 24,863 / 25,036 ->
+    43,559 / 44,572, 1.5B Q4_K 8,029 / 8,014 -> 16,207 / 16,509. False: the SIMT matmul in float32."""
     matmul_dot_tile: int = 4
     """matmul_dot's tile where ``matmul_dot_tiles`` names none: TI (kernels.DOT_TILES, 4 or 8)
-    token registers a thread, 64 rows x 16 TI tokens a workgroup."""
+    token registers a thread, 64 rows x 16 TI tokens a workgroup. TI 8 lost on every product on
+    the H100 (0.5B Q8_0 prefill 43,356 / 43,239 against 47,415 / 48,110 tok/s)."""
     matmul_dot_tiles: dict[tuple[str, int, int], int] = field(default_factory=dict)
     """Per (format, segment rows, cols): matmul_dot's TI."""
     matmul_dot_splits: int | None = None
@@ -250,7 +252,8 @@ class GpuTuning:
     ``sgmat_split_below`` split, at most ``sgmat_max_splits`` ways, at least 4 steps of 64 each), or a count."""
     matmul_dot_unchecked: bool = False
     """Compile matmul_dot without naga's runtime index checks (its loads are clamped to the last
-    token and row and its tiles sized by the variant, so every index is in range by construction)."""
+    token and row and its tiles sized by the variant, so every index is in range by construction).
+    Off: slower on the H100 (0.5B Q8_0 prefill 43,896 / 44,116 against 47,415 / 48,110 tok/s)."""
 
     # ---------------------------------------------------------------- linear: decode matvec
     matvec_template: bool = True
