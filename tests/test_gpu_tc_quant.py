@@ -190,8 +190,11 @@ def test_quantized_tc_matmul_applies_a_pending_silu_mul(tc_ops):
 
 
 def test_quantized_prefill_keeps_simt_when_tc_quant_is_off(tc_ops):
+    """Off tensor cores the quantized prefill runs the SIMT matmul in float32 where the integer-dot
+    one (tests/test_gpu_matmul_dot.py) is off too."""
     ops = tc_ops
     ops.tuning.tc_quant = False
+    ops.tuning.matmul_int_dot = False
     qt = random_quant(T.Q8_0, 32, 256, seed=1)
     gw = ops.weight(qt, name="w.weight")
     x = rand(np.random.default_rng(1), 40, 256)
