@@ -594,6 +594,10 @@ def test_tensor_cores_only_for_f16_prefill_products_with_whole_column_steps(tc_o
     q8 = WgpuOps(ops.context, weight_format="q8_0")
     wq = q8.weight(rand(rng, 40, 64), name="wq")
     q8.linear(upload(q8, rand(rng, 10, 64)), wq)
+    assert _ran(q8, wq, 10) == "matmul_dot_prep:main"  # under 16 tokens: the integer-dot prefill (matmul_int_dot)
+    q8.tuning.matmul_int_dot = False
+    wq.plans.clear()
+    q8.linear(upload(q8, rand(rng, 10, 64)), wq)
     assert _ran(q8, wq, 10) == "matmul.Q8_0:main"
     ops.tuning.tensor_cores = False
     w2 = ops.weight(rand(rng, 40, 64), name="w2")
