@@ -34,6 +34,15 @@ import bench_gpu  # noqa: E402
 from gputime import FmaProbe  # noqa: E402
 
 
+def _defaults(tuning) -> dict:
+    """The fields `_apply` restores before each variant: every number, tuple and dict field (dict
+    fields such as tc_tiles[..]= are replaced whole by a variant, never changed in place, so keeping
+    the default object restores them) and every field whose default is None (matmul_dot_splits,
+    the automatic choice), so that no variant's setting leaks into the next."""
+    values = {n: getattr(tuning, n) for n in tuning.field_names()}
+    return {n: v for n, v in values.items() if v is None or isinstance(v, (int, float, tuple, dict))}
+
+
 def _apply(ops, model, variant: str, defaults: dict) -> None:
     for name, value in defaults.items():
         setattr(ops.tuning, name, value)
@@ -90,10 +99,7 @@ def main() -> None:
     ctx = WgpuContext(runtime=args.runtime, dawn_device_toggles=DAWN_FAST_DEVICE_TOGGLES if fast else ())
     ops = WgpuOps(ctx, weight_format="f16")
     model = bench_gpu.build(args.model, args.format, ops)
-    names = ops.tuning.field_names()
-    # Dict fields (tc_tiles[..]=) are replaced whole by a variant, never changed in place, so keeping
-    # the default dict object restores them.
-    defaults = {n: getattr(ops.tuning, n) for n in names if isinstance(getattr(ops.tuning, n), (int, float, tuple, dict))}
+    defaults = _defaults(ops.tuning)
     prompt = (np.arange(args.context, dtype=np.int32) * 7919) % model.config.vocab_size
     cache = model.new_cache(args.context + args.steps + 16)
     fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
