@@ -101,9 +101,14 @@ class NumpyKVCache:
         return self.offset
 
 
-INT_DOT_TYPES = frozenset({gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q4_K})
+_T = gguf.GGMLQuantizationType
+INT_DOT_TYPES = frozenset({_T.Q8_0, _T.Q5_0, _T.Q4_K})
 """GGUF types whose one-token products the GPU computes against int8-quantized activations
 (matvec_dot.tmpl.wgsl, GpuTuning.matvec_int_dot); ``quantize_activations=True`` mirrors it."""
+INT_DOT_PREFILL_TYPES = INT_DOT_TYPES | {_T.Q4_0, _T.Q4_1, _T.Q5_1, _T.Q6_K}
+"""GGUF types whose prefill products the GPU computes against int8-quantized activations off
+tensor cores (matmul_dot.tmpl.wgsl, GpuTuning.matmul_int_dot; kernels.DOT_SCALING);
+``quantized_prefill_min_tokens`` mirrors it."""
 
 
 def quantize_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -144,8 +149,9 @@ class NumpyOps:
     ``quantize_activations=True`` rounds the input of every one-token product by a Q8_0, Q5_0 or
     Q4_K weight (`INT_DOT_TYPES`; a weight concatenated from parts counts when all its parts are)
     to int8 blocks of 32 (`quantize_activations`), as the GPU's integer-dot decode product does:
-    the reference to check that kernel against tightly. ``quantized_prefill_min_tokens`` (with
-    ``quantize_activations``): products of at least this many rows by those weights, with rows of a
+    the reference to check that kernel against tightly. ``quantized_prefill_min_tokens`` (whatever
+    ``quantize_activations`` says): products of at least this many rows by a weight of
+    `INT_DOT_PREFILL_TYPES` (those and Q4_0, Q4_1, Q5_1, Q6_K), with rows of a
     multiple of 64 values, are rounded too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl,
     ``GpuTuning.matmul_int_dot``, which needs that width; narrower rows keep the float32 SIMT
     matmul) does above ``GpuTuning.matvec_max_tokens``; 0, the default: only one-token products.
@@ -183,8 +189,10 @@ class NumpyOps:
         self.quantize_activations = bool(quantize_activations)
         self.quantized_prefill_min_tokens = int(quantized_prefill_min_tokens)
         # Weights loaded from INT_DOT_TYPES tensors (by id, the array kept weakly), whose
-        # one-token products read quantized activations when quantize_activations is on.
+        # one-token products read quantized activations when quantize_activations is on; and from
+        # INT_DOT_PREFILL_TYPES tensors, whose prefill products do (quantized_prefill_min_tokens).
         self._int_dot_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self._int_dot_prefill_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._tile = np.empty(0, dtype=np.float32)  # the f16 path's float32 tile, grown once
         self._scratch = np.empty(0, dtype=np.uint32)
 
@@ -196,14 +204,23 @@ class NumpyOps:
         else:
             arrays = [_as_f32(p) for p in parts]
         out = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-        if all(isinstance(p, QuantTensor) and p.ggml_type in INT_DOT_TYPES for p in parts) and out.ndim == 2:
-            self._int_dot_weights[id(out)] = out
+        if out.ndim == 2 and all(isinstance(p, QuantTensor) for p in parts):
+            types = {p.ggml_type for p in parts}
+            if types <= INT_DOT_TYPES:
+                self._int_dot_weights[id(out)] = out
+            if types <= INT_DOT_PREFILL_TYPES:
+                self._int_dot_prefill_weights[id(out)] = out
         return out
 
     @property
     def has_int_dot_weights(self) -> bool:
         """Whether a loaded weight is one whose one-token products ``quantize_activations`` rounds."""
         return len(self._int_dot_weights) > 0
+
+    @property
+    def has_int_dot_prefill_weights(self) -> bool:
+        """Whether a loaded weight is one whose prefill products ``quantized_prefill_min_tokens`` rounds."""
+        return len(self._int_dot_prefill_weights) > 0
 
     def new_kv_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> NumpyKVCache:
         return NumpyKVCache(num_layers, num_kv_heads, head_dim, capacity)
@@ -230,8 +247,9 @@ class NumpyOps:
     ) -> np.ndarray:
         if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
             x = x.astype(np.float16).astype(np.float32)
-        if self.quantize_activations and self._int_dot_weights.get(id(weight)) is weight and (
-                x.shape[0] == 1 or (0 < self.quantized_prefill_min_tokens <= x.shape[0] and x.shape[1] % 64 == 0)):
+        if ((self.quantize_activations and x.shape[0] == 1 and self._int_dot_weights.get(id(weight)) is weight)
+                or (0 < self.quantized_prefill_min_tokens <= x.shape[0] and x.shape[1] % 64 == 0
+                    and self._int_dot_prefill_weights.get(id(weight)) is weight)):
             x = quantize_activations(x)
         # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
         # streams the weight once like a matrix-vector product instead of repacking it first,

@@ -98,10 +98,10 @@ def run_parity(
     gpu = load_model(path, ops=WgpuOps(context, weight_format=weight_format), quiet=quiet)
     cpu_ops: NumpyOps = cpu.model.ops
     tuning = gpu.model.ops.tuning
-    matched = bool(tuning.matvec_int_dot) and cpu_ops.has_int_dot_weights
     # The prompt's products too where they run matmul_dot (not on tensor cores, which quantized
     # weights reach where the device has an f16 subgroup-matrix configuration).
     prefill_dot = bool(tuning.matmul_int_dot) and not (tuning.tensor_cores and tuning.tc_quant and context.f16_matrix_subgroup)
+    matched = (bool(tuning.matvec_int_dot) and cpu_ops.has_int_dot_weights) or (prefill_dot and cpu_ops.has_int_dot_prefill_weights)
     ids = cpu.tokenizer.encode(prompt)
     if not ids:
         if cpu.tokenizer.bos_token_id is None:
@@ -116,7 +116,7 @@ def run_parity(
         inputs with ``prefill_dot``), on its own cache."""
         if matched_cache is None:
             return None
-        cpu_ops.quantize_activations = True
+        cpu_ops.quantize_activations = bool(tuning.matvec_int_dot)
         cpu_ops.quantized_prefill_min_tokens = tuning.matvec_max_tokens + 1 if prefill_dot else 0
         try:
             return cpu_ops.read(cpu.model.forward(tokens, matched_cache))[0]

@@ -38,3 +38,27 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     let q1 = vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu)) - 8.0;
     return W8(d * q0, d * q1);
 }
+
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl, rendered with `idot` and `i8tile`):
+// piece p of a row is values 16 p .. 16 p + 15, half h = p % 2 of block p / 2: nibble h of qs words
+// 0 .. 3, q - 8 as int8 (bit 3 flipped, bits 4 .. 7 set where it is then set), scale d.
+struct I8Raw {
+    q: vec4<u32>,  // the block's qs words
+    s: u32,        // the word holding the block's f16 scale
+    h: u32,        // the half, plus 2 when the scale is the word's second half
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 32u;
+    let blk = p / 2u;
+    let base = row * (nb * 4u) + blk * 4u;
+    return I8Raw(vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]),
+                 w_b[row * ((nb + 1u) / 2u) + blk / 2u], (p & 1u) | ((blk & 1u) << 1u));
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    let w = ((r.q >> vec4<u32>(4u * (r.h & 1u))) & vec4<u32>(0x0F0F0F0Fu)) ^ vec4<u32>(0x08080808u);
+    return I8(w | ((w & vec4<u32>(0x08080808u)) * 30u), unpack2x16float(r.s)[r.h >> 1u], 0.0);
+}
+// #endif

@@ -38,3 +38,26 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     let q1 = vec4<f32>(unpack4xU8((w_a[a + 1u] >> shift) & 0x0F0F0F0Fu));
     return W8(dm.x * q0 + dm.y, dm.x * q1 + dm.y);
 }
+
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl, rendered with `idot` and `i8tile`):
+// piece p of a row is values 16 p .. 16 p + 15, half h = p % 2 of block p / 2: nibble h of qs words
+// 0 .. 3 (q 0 .. 15 as int8), scale d, min -m (value = d q + m).
+struct I8Raw {
+    q: vec4<u32>,  // the block's qs words
+    s: u32,        // the block's (d, m) f16 pair
+    h: u32,
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 32u;
+    let blk = p / 2u;
+    let base = row * (nb * 4u) + blk * 4u;
+    return I8Raw(vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]), w_b[row * nb + blk], p & 1u);
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    let dm = unpack2x16float(r.s);
+    return I8((r.q >> vec4<u32>(4u * r.h)) & vec4<u32>(0x0F0F0F0Fu), dm.x, -dm.y);
+}
+// #endif

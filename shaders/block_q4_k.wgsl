@@ -31,8 +31,6 @@ fn k4_scale_min(s: vec4<u32>, j: u32) -> vec2<u32> {
 // 16 p + 15; within its block (p / 16), piece g = p % 4 of group j = (p % 16) / 4 (values 64 j ..
 // 64 j + 63) is nibble g / 2 of qs vec4 2 j + g % 2, sub-block 2 j + g / 2: quants 0 .. 15 as
 // int8, scale d sc, min dmin m (value = d sc q - dmin m).
-const I8_MINS: bool = true;
-
 struct I8Raw {
     q: vec4<u32>,  // the qs vec4
     s: vec4<u32>,  // the block's side words

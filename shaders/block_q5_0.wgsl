@@ -21,8 +21,6 @@ fn fifth_bits(h: u32) -> u32 {
 // The prefill product's weight tile (matmul_dot.tmpl.wgsl): piece p of a row is values 16 p ..
 // 16 p + 15, half h = p % 2 of block p / 2: nibble h of qs words 0 .. 3 with qh bits 16 h .. 16 h
 // + 15 as bit 4, q - 16 as int8 (bit 4 flipped, bits 5 .. 7 set where it is then set), scale d.
-const I8_MINS: bool = false;
-
 struct I8Raw {
     q: vec4<u32>,  // the block's qs words
     qh: u32,

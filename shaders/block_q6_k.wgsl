@@ -64,3 +64,44 @@ fn load_w8(row: u32, c8: u32) -> W8 {
     let d = unpack2x16float(w_b[s + 4u]).x * f32(extractBits(i32(w_b[s + si / 4u]), 8u * (si % 4u), 8u));
     return W8(d * q6(w_a[ql], w_a[qh], k), d * q6(w_a[ql + 1u], w_a[qh + 1u], k));
 }
+
+// #if i8tile
+// The prefill product's weight tile (matmul_dot.tmpl.wgsl, rendered with `idot` and `i8tile`;
+// kernels.DOT_SCALING "piece": a scale per 16 values): piece p of a row is values v = 16 p .. 16 p
+// + 15 of block p / 16, i.e. 128 h + 32 k + l for l = l0 .. l0 + 15 (l0 0 or 16): ql words 16 h +
+// 8 (k % 2) + l0 / 4 .. + 3 (nibble k / 2), qh words 32 + 8 h + l0 / 4 .. + 3 (bits 2 k, 2 k + 1),
+// q - 32 as int8 (bit 5 flipped, bits 6 and 7 set where it is then set), scale d scale[8 h + 2 k +
+// l0 / 16].
+struct I8Raw {
+    ql: vec4<u32>,
+    qh: vec4<u32>,
+    s: u32,  // the word holding the piece's int8 scale
+    d: u32,  // the word holding d (low half)
+    k: u32,  // k, plus 4 times the scale's byte in s
+}
+
+fn fetch_i8(row: u32, p: u32) -> I8Raw {
+    let nb = params.cols / 256u;
+    let blk = p / 16u;
+    let v = (p % 16u) * 16u;
+    let h = v / 128u;
+    let k = (v % 128u) / 32u;
+    let l0 = v % 32u;
+    let a = row * (nb * 48u) + blk * 48u;
+    let ql = a + 16u * h + 8u * (k % 2u) + l0 / 4u;
+    let qh = a + 32u + 8u * h + l0 / 4u;
+    let s = row * (nb * 5u) + blk * 5u;
+    let si = 8u * h + 2u * k + l0 / 16u;
+    return I8Raw(vec4<u32>(w_a[ql], w_a[ql + 1u], w_a[ql + 2u], w_a[ql + 3u]),
+                 vec4<u32>(w_a[qh], w_a[qh + 1u], w_a[qh + 2u], w_a[qh + 3u]), w_b[s + si / 4u], w_b[s + 4u], k | ((si % 4u) << 2u));
+}
+
+fn finish_i8(r: I8Raw) -> I8 {
+    let k = r.k & 3u;
+    let lo = (r.ql >> vec4<u32>(4u * (k / 2u))) & vec4<u32>(0x0F0F0F0Fu);
+    let hi = ((r.qh >> vec4<u32>(2u * k)) & vec4<u32>(0x03030303u)) << vec4<u32>(4u);
+    let w = (lo | hi) ^ vec4<u32>(0x20202020u);
+    let sc = f32(extractBits(i32(r.s), 8u * (r.k >> 2u), 8u));
+    return I8(w | ((w & vec4<u32>(0x20202020u)) * 6u), unpack2x16float(r.d).x * sc, 0.0);
+}
+// #endif

@@ -13,8 +13,6 @@
 // #if i8tile
 // The prefill product's weight tile (matmul_dot.tmpl.wgsl): piece p of a row is values 16 p ..
 // 16 p + 15, half p % 2 of block p / 2: its vec4 of int8 quants as they are, scale d, no min.
-const I8_MINS: bool = false;
-
 struct I8Raw {
     q: vec4<u32>,
     s: u32,  // the word holding the block's f16 scale

@@ -1,11 +1,13 @@
 // matmul_dot.tmpl.wgsl: the integer-dot prefill matmul for the formats with an int8 weight tile
-// (Q8_0, Q5_0, Q4_K), against activations matmul_dot_prep.wgsl quantized to int8 blocks of 32.
-// kjarni/gpu/kernels.py renders it per format and tile (`kernels.template("matmul_dot",
-// kernels.dot_variant(format, TI), {"idot", "i8tile"})`): {{BLOCK}} is the format's block decoder
-// with flags `idot` and `i8tile` (block_<format>.wgsl: the weight bindings, I8_MINS and
-// fetch_i8(row, p) -> I8Raw / finish_i8(raw) -> I8, piece p = values 16 p .. 16 p + 15 of a row as
-// 16 int8 quants, their scale d and min m: value = d q - m); the other fields are the thread's
-// registers written out (kernels.dot_fields).
+// (kernels.DOT_SCALING: Q8_0, Q5_0, Q4_0, Q4_K, Q4_1, Q5_1, Q6_K), against activations
+// matmul_dot_prep.wgsl quantized to int8 blocks of 32. kjarni/gpu/kernels.py renders it per format
+// and tile (`kernels.template("matmul_dot", kernels.dot_variant(format, TI), {"idot", "i8tile"})`):
+// {{BLOCK}} is the format's block decoder with flags `idot` and `i8tile` (block_<format>.wgsl: the
+// weight bindings and fetch_i8(row, p) -> I8Raw / finish_i8(raw) -> I8, piece p = values 16 p ..
+// 16 p + 15 of a row as 16 int8 quants, their scale d and min m: value = d q - m); the other fields
+// are the thread's registers written out (kernels.dot_fields), and WSTORE how a piece's scale is
+// kept: (d, m) per 32 values, or d per 16 values for Q6_K (then the two halves of an x block are
+// summed apart, each times its scale).
 //
 // Math: y[t, row_offset + r] = sum_b dx[t, b] (sum_{c in b} qx[t, c] qw[r, c]) dw[r, b]
 //   - mw[r, b] dx[t, b] sum_{c in b} qx[t, c]  (+ bias) (+ residual), over the 32-value blocks b,
@@ -48,11 +50,14 @@ const PAD: u32 = 5u;  // vec4 a tile row: 4, plus 1 against bank conflicts
 var<workgroup> xs: array<vec4<u32>, BM * PAD>;
 var<workgroup> ws: array<vec4<u32>, BN * PAD>;
 var<workgroup> xds: array<vec4<f32>, BM>;  // per token: (d, d sum q) of the step's two blocks
-var<workgroup> wds: array<vec4<f32>, BN>;  // per row: (d, m) of the step's two blocks
+var<workgroup> wds: array<vec4<f32>, BN>;  // per row: (d, m) of the step's two blocks, or d of its 4 pieces
+
+fn idot4(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
+}
 
 fn idot8(a0: vec4<u32>, a1: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>) -> i32 {
-    return dot4I8Packed(a0.x, b0.x) + dot4I8Packed(a0.y, b0.y) + dot4I8Packed(a0.z, b0.z) + dot4I8Packed(a0.w, b0.w)
-         + dot4I8Packed(a1.x, b1.x) + dot4I8Packed(a1.y, b1.y) + dot4I8Packed(a1.z, b1.z) + dot4I8Packed(a1.w, b1.w);
+    return idot4(a0, b0) + idot4(a1, b1);
 }
 
 struct Loads {
@@ -85,10 +90,7 @@ fn store(l: Loads, i: u32) {
     let r = i / 4u;
     let p = i % 4u;
     ws[r * PAD + p] = w.q;
-    if (p % 2u == 0u) {
-        wds[r][p] = w.d;
-        wds[r][p + 1u] = w.m;
-    }
+{{WSTORE}}
 }
 
 // Token t, rows r0 + 16 j: acc[j] (+ bias) (+ residual), into split z's part of y.

@@ -24,7 +24,7 @@ from tests.test_gpu_matvec import upload
 from tests.test_gpu_quant import random_quant
 
 T = gguf.GGMLQuantizationType
-FORMATS = ["Q8_0", "Q5_0", "Q4_K"]
+FORMATS = list(kernels.DOT_FORMATS)  # Q8_0, Q5_0, Q4_0 (one scale a block), Q4_K, Q4_1, Q5_1 (and a min), Q6_K (a scale a half)
 PREFILL = 10  # GpuTuning.matvec_max_tokens + 1: the first token count a prefill product has
 REF = NumpyOps(quantize_activations=True, quantized_prefill_min_tokens=PREFILL)
 FLOAT_REF = NumpyOps()
@@ -57,6 +57,14 @@ def test_numpy_quantizes_prefill_products_from_the_token_count_given():
     narrow = REF.weight(random_quant(T.Q8_0, 8, 96, seed=1), name="n.weight")  # rows of 96: the GPU's SIMT matmul
     x = rng.standard_normal((PREFILL, 96)).astype(np.float32)
     np.testing.assert_array_equal(REF.linear(x, narrow), FLOAT_REF.linear(x, narrow))
+    q41 = REF.weight(random_quant(T.Q4_1, 8, 64, seed=2), name="q41.weight")  # prefill rounds it, decode does not
+    x = rng.standard_normal((PREFILL, 64)).astype(np.float32)
+    np.testing.assert_array_equal(REF.linear(x, q41), FLOAT_REF.linear(quantize_activations(x), q41))
+    np.testing.assert_array_equal(REF.linear(x[:1], q41), FLOAT_REF.linear(x[:1], q41))
+    prefill_only = NumpyOps(quantized_prefill_min_tokens=PREFILL)  # quantize_activations off: decode in float32
+    w8 = prefill_only.weight(random_quant(T.Q8_0, 8, 64, seed=1), name="a.weight")
+    np.testing.assert_array_equal(prefill_only.linear(x, w8), FLOAT_REF.linear(quantize_activations(x), w8))
+    np.testing.assert_array_equal(prefill_only.linear(x[:1], w8), FLOAT_REF.linear(x[:1], w8))
     off = NumpyOps(quantize_activations=True)  # 0: one-token products only
     w = off.weight(random_quant(T.Q8_0, 8, 64, seed=1), name="a.weight")
     x = rng.standard_normal((PREFILL, 64)).astype(np.float32)
@@ -137,7 +145,7 @@ def test_prep_with_a_fused_norm_or_silu_rounds_as_numpy_but_at_ties(ops, fused):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matmul_dot_matches_numpy_on_every_tile_split_and_epilogue(ops, fmt):
     rng = np.random.default_rng(3)
-    cols = 768 if fmt == "Q4_K" else 832  # 12 or 13 steps of 64: 3 splits of whole steps
+    cols = 768 if fmt in ("Q4_K", "Q6_K") else 832  # 12 or 13 steps of 64: 3 splits of whole steps
     rows = 100  # a full 64-row tile and a partial one
     qt = random_quant(T[fmt], rows, cols, seed=5)
     weight, w = ops.weight(qt, name="w"), REF.weight(qt, name="w.weight")
@@ -165,16 +173,18 @@ def test_matmul_dot_matches_numpy_on_every_tile_split_and_epilogue(ops, fmt):
 
 
 @pytest.mark.gpu
-def test_matmul_dot_of_two_segments_with_a_fused_norm_and_silu(ops):
-    """A weight concatenated from a Q8_0 and a Q5_0 part (the second at a row offset), its input
-    normed (norm_linear) or silu_mul's (fused into the prep): one prep for both segments. A value
-    at a rounding tie may be quantized one level apart from numpy (test above): each such value
-    moves y by at most its block's scale times |w|, and a row holds at most a few."""
+@pytest.mark.parametrize("first, second, cols", [("Q8_0", "Q5_0", 192), ("Q4_K", "Q6_K", 256)])
+def test_matmul_dot_of_two_segments_with_a_fused_norm_and_silu(ops, first, second, cols):
+    """A weight concatenated from two parts of two formats (the second at a row offset; a Q4_K_M
+    file's q/k and v), its input normed (norm_linear) or silu_mul's (fused into the prep): one prep
+    for both segments. A value at a rounding tie may be quantized one level apart from numpy (test
+    above): each such value moves y by at most its block's scale times |w|, and a row holds at most
+    a few."""
     rng = np.random.default_rng(11)
-    cols, tokens = 192, 40
-    parts = [random_quant(T.Q8_0, 70, cols, seed=1), random_quant(T.Q5_0, 30, cols, seed=2)]
+    tokens = 40
+    parts = [random_quant(T[first], 70, cols, seed=1), random_quant(T[second], 30, cols, seed=2)]
     weight, w = ops.weight(parts, name="w"), REF.weight(parts, name="w.weight")
-    assert plan_kernels(ops, weight, tokens) == ["matmul_dot_prep:main", "matmul_dot.Q8_0_t4:main", "matmul_dot.Q5_0_t4:main"]
+    assert plan_kernels(ops, weight, tokens) == ["matmul_dot_prep:main", f"matmul_dot.{first}_t4:main", f"matmul_dot.{second}_t4:main"]
     nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
     norm = ops.weight(nw, name="nw")
     x = rng.standard_normal((tokens, cols)).astype(np.float32)

@@ -396,9 +396,20 @@ def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int)
     return sm * sn * 1024 + (2 * lds * 16 * (x_rows + sn * tn) * (2 if shared >= 3 else 1) if shared else 0)
 
 
-DOT_FORMATS = ("Q8_0", "Q5_0", "Q4_K")
-"""Formats with an int8 weight tile (block decoders' ``i8tile`` side): the integer-dot prefill
-matmul (``matmul_dot.tmpl.wgsl``) and the decode matvec (``matvec_dot``, flag ``idot``)."""
+MATVEC_DOT_FORMATS = ("Q8_0", "Q5_0", "Q4_K")
+"""Formats with an integer-dot decode matvec (``matvec_dot.tmpl.wgsl``: the block decoders' ``idot``
+side; numpy_ops.INT_DOT_TYPES)."""
+DOT_SCALING: dict[str, str] = {
+    "Q8_0": "block", "Q5_0": "block", "Q4_0": "block",
+    "Q4_K": "min", "Q4_1": "min", "Q5_1": "min",
+    "Q6_K": "piece",
+}
+"""Formats with an int8 weight tile (the block decoders' ``i8tile`` side, rendered with ``idot``):
+the integer-dot prefill matmul (``matmul_dot.tmpl.wgsl``; numpy_ops.INT_DOT_PREFILL_TYPES), and
+how a tile's scales apply: ``block``, one scale per 32 values (its signed quants); ``min``, a scale
+and a min per 32 values (value = d q - m, the min through the x block's d sum q); ``piece``, one
+scale per 16 values (Q6_K's sub-blocks)."""
+DOT_FORMATS = tuple(DOT_SCALING)
 DOT_TILES = (4, 8)
 """``matmul_dot``'s tiles: TI token registers a thread (64 rows x 16 TI tokens a workgroup)."""
 
@@ -410,29 +421,43 @@ def dot_variant(fmt: str, ti: int) -> str:
 
 def dot_fields(fmt: str, ti: int) -> dict[str, str]:
     """The fields of ``matmul_dot.tmpl.wgsl`` for weights in ``fmt`` at TI tokens a thread: the
-    block decoder, the tile's token count and each thread's loads, registers and sums written out."""
+    block decoder, the tile's token count, how a weight piece's scale is stored (`DOT_SCALING`:
+    per row, (d, m) of each 32 values or d of each 16) and each thread's loads, registers and
+    sums written out."""
+    scaling = DOT_SCALING[fmt]
     nx = ti // 4  # x quant vec4s a thread loads a step (BM 4 of them over 256 threads)
-    comp = "xyzw"
+    c = "xyzw"
     loads = "\n".join(f"    x{n}: vec4<u32>," for n in range(nx))
     fetch = "\n".join(f"    l.x{n} = a[min(m0 + i / 4u + {64 * n}u, last) * c16 + k0 / 16u + i % 4u];" for n in range(nx))
     store = "\n".join(f"    xs[(i / 4u + {64 * n}u) * PAD + i % 4u] = l.x{n};" for n in range(nx))
+    if scaling == "piece":
+        wstore = "    wds[r][p] = w.d;"
+    else:
+        wstore = "    if (p % 2u == 0u) {\n        wds[r][p] = w.d;\n        wds[r][p + 1u] = w.m;\n    }"
     acc = "\n".join(f"    var acc{i} = vec4<f32>(0.0);" for i in range(ti))
     body = []
     for j in range(4):
         body += [f"            let w{j}_{q} = ws[(tx + {16 * j}u) * PAD + {q}u];" for q in range(4)]
         body.append(f"            let dw{j} = wds[tx + {16 * j}u];")
+    # The rows' scales as vec4s over the 4 rows: component k of the rows' wds.
+    body += [f"            let sw{k} = vec4<f32>(dw0.{c[k]}, dw1.{c[k]}, dw2.{c[k]}, dw3.{c[k]});" for k in range(4)]
     for i in range(ti):
         body += [f"            let x{i}_{q} = xs[(ty + {16 * i}u) * PAD + {q}u];" for q in range(4)]
         body.append(f"            let dx{i} = xds[ty + {16 * i}u];")
         for b in range(2):
+            if scaling == "piece":  # pieces 2b and 2b + 1 of x block b, each with its own scale
+                lo = ", ".join(f"idot4(x{i}_{2 * b}, w{j}_{2 * b})" for j in range(4))
+                hi = ", ".join(f"idot4(x{i}_{2 * b + 1}, w{j}_{2 * b + 1})" for j in range(4))
+                body.append(f"            acc{i} = fma(vec4<f32>(vec4<i32>({lo})) * sw{2 * b} + vec4<f32>(vec4<i32>({hi})) * sw{2 * b + 1},"
+                            f" vec4<f32>(dx{i}.{c[2 * b]}), acc{i});")
+                continue
             sums = ", ".join(f"idot8(x{i}_{2 * b}, x{i}_{2 * b + 1}, w{j}_{2 * b}, w{j}_{2 * b + 1})" for j in range(4))
-            scales = ", ".join(f"dw{j}.{comp[2 * b]}" for j in range(4))
-            body.append(f"            acc{i} = fma(vec4<f32>(vec4<i32>({sums})), dx{i}.{comp[2 * b]} * vec4<f32>({scales}), acc{i});")
-            mins = ", ".join(f"dw{j}.{comp[2 * b + 1]}" for j in range(4))
-            body.append(f"            if (I8_MINS) {{ acc{i} -= dx{i}.{comp[2 * b + 1]} * vec4<f32>({mins}); }}")
+            body.append(f"            acc{i} = fma(vec4<f32>(vec4<i32>({sums})), dx{i}.{c[2 * b]} * sw{2 * b}, acc{i});")
+            if scaling == "min":
+                body.append(f"            acc{i} -= dx{i}.{c[2 * b + 1]} * sw{2 * b + 1};")
     put = "\n".join(f"    put(wid.z, m0 + ty + {16 * i}u, n0 + tx, acc{i});" for i in range(ti))
-    return {"BLOCK": BLOCKS[fmt], "BM": str(16 * ti), "LOADS": loads, "FETCH": fetch, "STORE": store, "ACC": acc,
-            "BODY": "\n".join(body), "PUT": put}
+    return {"BLOCK": BLOCKS[fmt], "BM": str(16 * ti), "LOADS": loads, "FETCH": fetch, "STORE": store, "WSTORE": wstore,
+            "ACC": acc, "BODY": "\n".join(body), "PUT": put}
 
 
 MATVEC_F16_SHAPES: tuple[tuple[int, int], ...] = tuple((r, un) for r in (1, 2, 4) for un in (1, 2, 4))
@@ -592,7 +617,7 @@ TEMPLATES: dict[str, dict[str, dict[str, str]]] = {
     "matvec": {fmt: {"BLOCK": block} for fmt, block in BLOCKS.items()},
     # The integer-dot decode product (x quantized to int8 blocks): formats whose block decoder has
     # an `idot` side (render with the flag "idot").
-    "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in DOT_FORMATS},
+    "matvec_dot": {fmt: {"BLOCK": BLOCKS[fmt]} for fmt in MATVEC_DOT_FORMATS},
     # The integer-dot prefill matmul (render with the flags "idot" and "i8tile").
     "matmul_dot": {dot_variant(fmt, ti): dot_fields(fmt, ti) for fmt in DOT_FORMATS for ti in DOT_TILES},
     # The f16 decode product, one variant per (rows a group, units a trip), loads written out.
