@@ -5,13 +5,18 @@ the numpy backend's token (teacher forcing), so the logits stay comparable after
 disagreement; the report gives the logit differences over every compared row, how often the two
 agree on the top token, and the first step where their greedy choices differ.
 
-Where the GPU's decode products by Q8_0, Q5_0 and Q4_K weights round their input to int8 blocks
-(``GpuTuning.matvec_int_dot``, on by default; its prefill products too with
-``GpuTuning.matmul_int_dot`` where they are not on tensor cores), plain float32 numpy is not the math the GPU does: a
-second numpy pass over the same weights with ``quantize_activations`` on
+Where the GPU's products round their input to int8 blocks (decode products by Q8_0, Q5_0 and Q4_K
+weights, ``GpuTuning.matvec_int_dot``; prefill products by those and Q4_0, Q4_1, Q5_1, Q6_K off
+tensor cores, ``GpuTuning.matmul_int_dot``; both on by default), plain float32 numpy is not the
+math the GPU does: a second numpy pass over the same weights with the same rounding
 (`kjarni.numpy_ops.quantize_activations`) is, and the report gives the difference from both. The
-first says how far the GPU's answer is from the float32 reference; the second, how far its kernels
-are from the math they implement (float32 tolerance).
+first says how far the GPU's answer is from the float32 reference. The second is the kernels' own
+error (float32 tolerance) where the rounded products do not feed each other, as in a decode step
+whose only rounded product is the LM head; where a prompt's products are rounded layer after
+layer, a value that lands on a rounding tie rounds one way on the GPU and the other in numpy (their
+float sums differ in the last bit) and the difference compounds: on the default model (30 layers,
+Q4_1) the second figure is as large as the first (docs/benchmarks.md, twenty-first session), and
+the kernels' error is what tests/test_gpu_matmul_dot.py holds per product.
 """
 
 from __future__ import annotations
