@@ -47,31 +47,39 @@ fn unit_col(u: u32, k: u32) -> u32 {
     return (u / 16u) * 256u + ((u % 16u) / 8u) * 128u + 32u * k + 4u * (u % 8u);
 }
 
-// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk): v = 128 h + 32 k + l, l < 32,
-// in ql byte 64 h + 32 (k % 2) + l and qh byte 32 h + l; scale 8 h + 2 k + l / 16.
-fn load_w8(row: u32, c8: u32) -> W8 {
+// Where value v = 128 h + 32 k + l (l < 32, a multiple of 4) of block blk of a row lives: ql byte
+// 64 h + 32 (k % 2) + l and qh byte 32 h + l (as words of w_a), the block's side words at s, its
+// scale 8 h + 2 k + l / 16, and k (which nibble and which qh bit pair).
+struct Q6At {
+    ql: u32,
+    qh: u32,
+    s: u32,
+    si: u32,
+    k: u32,
+}
+
+fn q6_at(row: u32, blk: u32, v: u32) -> Q6At {
     let nb = params.cols / 256u;
-    let blk = c8 / 32u;
-    let v = (c8 % 32u) * 8u;
     let h = v / 128u;
     let k = (v % 128u) / 32u;
     let l = v % 32u;
     let a = row * (nb * 48u) + blk * 48u;
-    let ql = a + 16u * h + 8u * (k % 2u) + l / 4u;
-    let qh = a + 32u + 8u * h + l / 4u;
-    let s = row * (nb * 5u) + blk * 5u;
-    let si = 8u * h + 2u * k + l / 16u;
-    let d = unpack2x16float(w_b[s + 4u]).x * f32(extractBits(i32(w_b[s + si / 4u]), 8u * (si % 4u), 8u));
-    return W8(d * q6(w_a[ql], w_a[qh], k), d * q6(w_a[ql + 1u], w_a[qh + 1u], k));
+    return Q6At(a + 16u * h + 8u * (k % 2u) + l / 4u, a + 32u + 8u * h + l / 4u, row * (nb * 5u) + blk * 5u,
+                8u * h + 2u * k + l / 16u, k);
+}
+
+// Values 8 c8 .. 8 c8 + 7 of a row (the prefill matmul's chunk).
+fn load_w8(row: u32, c8: u32) -> W8 {
+    let at = q6_at(row, c8 / 32u, (c8 % 32u) * 8u);
+    let d = unpack2x16float(w_b[at.s + 4u]).x * f32(extractBits(i32(w_b[at.s + at.si / 4u]), 8u * (at.si % 4u), 8u));
+    return W8(d * q6(w_a[at.ql], w_a[at.qh], at.k), d * q6(w_a[at.ql + 1u], w_a[at.qh + 1u], at.k));
 }
 
 // #if i8tile
 // The prefill product's weight tile (matmul_dot.tmpl.wgsl, rendered with `idot` and `i8tile`;
-// kernels.DOT_SCALING "piece": a scale per 16 values): piece p of a row is values v = 16 p .. 16 p
-// + 15 of block p / 16, i.e. 128 h + 32 k + l for l = l0 .. l0 + 15 (l0 0 or 16): ql words 16 h +
-// 8 (k % 2) + l0 / 4 .. + 3 (nibble k / 2), qh words 32 + 8 h + l0 / 4 .. + 3 (bits 2 k, 2 k + 1),
-// q - 32 as int8 (bit 5 flipped, bits 6 and 7 set where it is then set), scale d scale[8 h + 2 k +
-// l0 / 16].
+// kernels.DOT_SCALING "piece": a scale per 16 values): piece p of a row is values 16 (p % 16) ..
+// + 15 of block p / 16 (q6_at: 4 ql words, nibble k / 2, and 4 qh words, bits 2 k, 2 k + 1), q - 32
+// as int8 (bit 5 flipped, bits 6 and 7 set where it is then set), scale d scale[si].
 struct I8Raw {
     ql: vec4<u32>,
     qh: vec4<u32>,
@@ -81,19 +89,10 @@ struct I8Raw {
 }
 
 fn fetch_i8(row: u32, p: u32) -> I8Raw {
-    let nb = params.cols / 256u;
-    let blk = p / 16u;
-    let v = (p % 16u) * 16u;
-    let h = v / 128u;
-    let k = (v % 128u) / 32u;
-    let l0 = v % 32u;
-    let a = row * (nb * 48u) + blk * 48u;
-    let ql = a + 16u * h + 8u * (k % 2u) + l0 / 4u;
-    let qh = a + 32u + 8u * h + l0 / 4u;
-    let s = row * (nb * 5u) + blk * 5u;
-    let si = 8u * h + 2u * k + l0 / 16u;
-    return I8Raw(vec4<u32>(w_a[ql], w_a[ql + 1u], w_a[ql + 2u], w_a[ql + 3u]),
-                 vec4<u32>(w_a[qh], w_a[qh + 1u], w_a[qh + 2u], w_a[qh + 3u]), w_b[s + si / 4u], w_b[s + 4u], k | ((si % 4u) << 2u));
+    let at = q6_at(row, p / 16u, (p % 16u) * 16u);
+    return I8Raw(vec4<u32>(w_a[at.ql], w_a[at.ql + 1u], w_a[at.ql + 2u], w_a[at.ql + 3u]),
+                 vec4<u32>(w_a[at.qh], w_a[at.qh + 1u], w_a[at.qh + 2u], w_a[at.qh + 3u]),
+                 w_b[at.s + at.si / 4u], w_b[at.s + 4u], at.k | ((at.si % 4u) << 2u));
 }
 
 fn finish_i8(r: I8Raw) -> I8 {
