@@ -51,8 +51,8 @@ class ParityReport:
     gpu_tokens: tuple[int, ...]
     runtime: str = ""  # the WebGPU runtime that ran the GPU side ("wgpu-py 0.32.0 (wgpu-native)")
     # Against numpy with the products' inputs rounded to int8 where the GPU rounds them (decode;
-    # prefill with matmul_dot); None when no decode product of this model does (no Q8_0/Q5_0/Q4_K
-    # weight, or matvec_int_dot off).
+    # prefill with matmul_dot); None when no product of this model does (no weight of those
+    # formats, or the integer-dot kernels off).
     max_abs_diff_matched: float | None = None
     mean_abs_diff_matched: float | None = None
 

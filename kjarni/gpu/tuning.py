@@ -234,10 +234,10 @@ class GpuTuning:
     # ---------------------------------------------------------------- linear: integer-dot prefill
     matmul_int_dot: bool = True
     """Prefill products by Q8_0, Q5_0, Q4_0, Q4_K, Q4_1, Q5_1 and Q6_K weights (kernels.DOT_SCALING)
-    that do not run on tensor cores (all of them on wgpu-native) run matmul_dot.tmpl.wgsl: x quantized once per product to int8 blocks of 32 by
-    matmul_dot_prep.wgsl (norm and silu_mul applied first), dot4I8Packed against the weights' quants
-    in a 64-row tile, the scales in f32 (``NumpyOps(quantize_activations=True,
-    quantized_prefill_min_tokens=matvec_max_tokens + 1)`` is the reference). H100, wgpu-native,
+    that do not run on tensor cores (all of them on wgpu-native) run matmul_dot.tmpl.wgsl: x
+    quantized once per product to int8 blocks of 32 by matmul_dot_prep.wgsl (norm and silu_mul
+    applied first), dot4I8Packed against the weights' quants in a 64-row tile, the scales in f32
+    (``NumpyOps(quantized_prefill_min_tokens=matvec_max_tokens + 1)`` is the reference). H100, wgpu-native,
     512-token prefill (tools/ab_attention_gpu.py, 2 rounds, docs/benchmarks.md twenty-first
     session): Qwen2.5-0.5B Q8_0 24,315 / 24,394 -> 47,415 / 48,110 tok/s, Q4_K 24,863 / 25,036 ->
     43,559 / 44,572, 1.5B Q4_K 8,029 / 8,014 -> 16,207 / 16,509 (Q4_0, Q4_1, Q5_1 and Q6_K joined
