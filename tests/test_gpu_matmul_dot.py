@@ -73,16 +73,17 @@ def test_numpy_quantizes_prefill_products_from_the_token_count_given():
 
 def _prep(ops, x_in, tokens: int, cols: int, flags: int, norm=None, eps: float = 1e-5):
     """matmul_dot_prep dispatched alone: (quants [tokens, cols] int8, d and d sum q [tokens, cols / 32])."""
-    from kjarni.gpu.linear import LINEAR_KINDS
+    from kjarni.gpu.linear import LINEAR_KINDS, dot_prep_bytes
     from kjarni.gpu.params import LINEAR
 
     ctx = ops.context
-    out = ctx.scratch(tokens * cols + tokens * cols // 4)
+    size = dot_prep_bytes(tokens, cols)
+    out = ctx.scratch(size)
     params = ctx.uniform(LINEAR.pack(rows=cols, cols=cols, tokens=tokens, flags=flags, row_offset=0, y_stride=cols, eps=eps))
     d = ctx.dummy
     ctx.dispatch(ctx.pipeline("matmul_dot_prep", LINEAR_KINDS),
                  (params, x_in.buffer, d, d, d, d, norm.buffer if norm is not None else d, out.buffer), (tokens, 1, 1))
-    raw = ctx.read(out.buffer, 0, tokens * cols + tokens * cols // 4)
+    raw = ctx.read(out.buffer, 0, size)
     q = np.frombuffer(raw[: tokens * cols], np.int8).reshape(tokens, cols)
     scales = np.frombuffer(raw[tokens * cols:], np.float32).reshape(tokens, cols // 32, 2)
     return q, scales[..., 0], scales[..., 1]

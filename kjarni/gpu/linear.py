@@ -30,6 +30,12 @@ def matmul_workgroup_bytes(tm: int, tn: int, bk: int, ksplit: int, nbuf: int = 1
     return nbuf * ksplit * bk * (2 * tm + 1 + 2 * tn) * 16
 
 
+def dot_prep_bytes(tokens: int, cols: int) -> int:
+    """Bytes of matmul_dot_prep.wgsl's output for ``tokens`` rows of ``cols`` values: the int8
+    quants, then a (d, d sum q) f32 pair per 32-value block."""
+    return tokens * cols + tokens * (cols // 32) * 8
+
+
 def template_pipeline(context: WgpuContext, op: str, fmt: str, kinds: tuple[str, ...], constants: dict | None = None,
                       unchecked: bool = False) -> Any:
     """The pipeline of ``shaders/<op>.tmpl.wgsl`` rendered for weight format ``fmt`` (kernels.TEMPLATES),
@@ -245,7 +251,7 @@ class Linear:
                 # Integer dot: x quantized to int8 once (matmul_dot_prep.wgsl, norm and silu_mul
                 # applied), then per segment matmul_dot without them.
                 if not dot_bytes:
-                    dot_bytes = tokens * cols + tokens * (cols // 32) * 8  # quants, then (d, d sum q) per block
+                    dot_bytes = dot_prep_bytes(tokens, cols)
                     params = ctx.uniform(LINEAR.pack(rows=seg.rows, cols=cols, tokens=tokens, flags=flags & (LINEAR_NORM | LINEAR_SILU),
                                                      row_offset=0, y_stride=rows, eps=eps))
                     prep = ctx.pipeline("matmul_dot_prep", LINEAR_KINDS)
@@ -582,7 +588,7 @@ class Linear:
                 and tokens > tuning.matvec_max_tokens and cols % 64 == 0):
             return None
         ti = tuning.matmul_dot_tiles.get((seg.format, seg.rows, cols), tuning.matmul_dot_tile)
-        if ti not in kernels.DOT_TILES or tokens * cols * 5 // 4 > ctx.max_binding_size:
+        if ti not in kernels.DOT_TILES or dot_prep_bytes(tokens, cols) > ctx.max_binding_size:
             return None
         return ti
 
@@ -590,15 +596,8 @@ class Linear:
         """Workgroups splitting K for matmul_dot (grid z, then matmul_reduce): ``matmul_dot_splits``
         if set, else enough for about ``sgmat_split_below`` workgroups when they are fewer (at most
         ``sgmat_max_splits``), at least 4 steps of 64 each, within one storage binding of partials."""
-        tuning = self.tuning
         groups = -(-rows // 64) * -(-tokens // (16 * ti))
-        splits = tuning.matmul_dot_splits
-        if splits is None:
-            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
-        splits = min(int(splits), cols // 64 // 4)
-        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
-            return 1
-        return splits
+        return self.k_splits(self.tuning.matmul_dot_splits, groups, cols // 64, tokens, y_stride)
 
     def dot_kernel(self, ti: int, seg: Segment, cols: int, rows: int, tokens: int,
                    flags: int) -> tuple[Any, Any, tuple[int, int, int]]:
@@ -644,12 +643,7 @@ class Linear:
         tm, tn, sm, sn, ku = tile[:5]
         groups = -(-rows // (16 * sn * tn)) * -(-tokens // (16 * sm * tm))
         splits = tuning.tc_splits if tuning.tc_splits is not None else tuning.tc_split_counts.get((rows, cols)) if fmt == "f16" else None
-        if splits is None:
-            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
-        splits = min(int(splits), cols // (16 * ku) // 4)
-        if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
-            return 1
-        return splits
+        return self.k_splits(splits, groups, cols // (16 * ku), tokens, y_stride)
 
     def sgmat_splits(self, tile: tuple[int, int, int, int, int], rows: int, tokens: int, cols: int, y_stride: int) -> int:
         """Workgroups splitting K (grid z, then matmul_reduce) for the tensor-core matmul:
@@ -660,9 +654,18 @@ class Linear:
         bm, bn, bk = tile[:3]
         tiles = -(-rows // bn) * -(-tokens // bm)
         splits = tuning.sgmat_splits if tuning.sgmat_splits is not None else tuning.sgmat_split_counts.get((rows, cols))
+        return self.k_splits(splits, tiles, cols // bk, tokens, y_stride)
+
+    def k_splits(self, splits: int | None, groups: int, steps: int, tokens: int, y_stride: int) -> int:
+        """The K split of a tiled prefill matmul of ``groups`` workgroups and ``steps`` K steps
+        (matmul_tc, matmul_sgmat, matmul_dot): ``splits`` where given, else enough for about
+        ``sgmat_split_below`` workgroups when they are fewer (at most ``sgmat_max_splits``); at
+        least 4 steps a split, and the partials ([splits, tokens, y_stride] f32) within one storage
+        binding, else 1."""
+        tuning = self.tuning
         if splits is None:
-            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // tiles)) if tiles < tuning.sgmat_split_below else 1
-        splits = min(int(splits), cols // bk // 4)
+            splits = min(tuning.sgmat_max_splits, -(-tuning.sgmat_split_below // groups)) if groups < tuning.sgmat_split_below else 1
+        splits = min(int(splits), steps // 4)
         if splits <= 1 or splits * tokens * y_stride * 4 > self.context.max_binding_size:
             return 1
         return splits
