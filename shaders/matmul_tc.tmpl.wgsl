@@ -25,8 +25,7 @@
 // registers are stored into the other and step s + 2's loads are issued, one barrier a step
 // (twice the workgroup memory). SHARED 5: SHARED 3 with xs / ws declared as vec4<u32> (a chunk is
 // one 16-byte store), the matrix loads given offsets and strides in vec4<u32> elements, as Dawn
-// reads them (kjarni/gpu/kernels.py, TC_TILES). SHARED 6: SHARED 5's weight tiles only; every
-// subgroup loads its TM left matrices straight from x (array<f16>), as SHARED 0 does.
+// reads them (kjarni/gpu/kernels.py, TC_TILES).
 // Results start from the residual (loaded as a result matrix) or, with a bias, from bias +
 // residual written to workgroup memory; they are stored straight to y.
 // Split K (grid z = S > 1): workgroup z takes the z-th run of ceil(steps / S) K steps and stores

@@ -30,7 +30,7 @@ ref16 = NumpyOps(weight_format="f16", activations="f16")
 ref32 = NumpyOps()
 
 TILES = [(4, 4, 2, 2, 2, 1), (2, 2, 2, 2, 2, 1), (4, 2, 2, 4, 2, 1), (2, 2, 2, 2, 4, 1), (4, 4, 2, 2, 2, 3), (2, 2, 2, 2, 2, 3),
-         (4, 2, 2, 4, 2, 5), (4, 2, 2, 4, 2, 6), (2, 4, 4, 2, 2, 6)]
+         (4, 2, 2, 4, 2, 5)]
 
 
 def _stub_linear(sg: int | None = 32, tuning: GpuTuning | None = None, backend: str = "Vulkan") -> Linear:
@@ -57,14 +57,13 @@ def test_quantized_prefill_products_pick_the_quantized_tensor_core_tile(fmt):
     assert linear.tc_tile(_seg("f16", 1152), 512, 1536, 1152) is None
 
 
-@pytest.mark.parametrize("vec4_shared", [5, 6])
 @pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
-def test_vec4_tiles_only_on_vulkan_where_their_load_units_were_measured(fmt, vec4_shared):
-    """SHARED 5 and 6 tiles read offsets in vec4<u32> elements, as Dawn's Vulkan backend does; on any
-    other backend the same tile runs with f16 workgroup tiles (SHARED 3), whose offsets are f16 values."""
-    tile = (4, 2, 2, 4, 2, vec4_shared)
-    tuning = GpuTuning(tc_quant=True, tc_tiles={(1152, 1536): tile}, tc_quant_tiles={("Q8_0", 1152, 1536): tile})
-    for backend, shared in (("Vulkan", vec4_shared), ("Metal", 3), ("D3D12", 3)):
+def test_vec4_tiles_only_on_vulkan_where_their_load_units_were_measured(fmt):
+    """SHARED 5 tiles read offsets in vec4<u32> elements, as Dawn's Vulkan backend does; on any other
+    backend the same tile runs with f16 workgroup tiles (SHARED 3), whose offsets are f16 values."""
+    tuning = GpuTuning(tc_quant=True, tc_tiles={(1152, 1536): (4, 2, 2, 4, 2, 5)},
+                       tc_quant_tiles={("Q8_0", 1152, 1536): (4, 2, 2, 4, 2, 5)})
+    for backend, shared in (("Vulkan", 5), ("Metal", 3), ("D3D12", 3)):
         assert _stub_linear(tuning=tuning, backend=backend).tc_tile(_seg(fmt, 1152), 512, 1536, 1152) == (4, 2, 2, 4, 2, shared)
 
 
@@ -95,7 +94,7 @@ def test_quantized_tensor_cores_only_where_they_apply(case):
 def test_quantized_variants_exist_only_for_shared_tiles_and_render():
     names = [n for n in kernels.TEMPLATES["matmul_tc"] if "." in n]
     assert {n.split(".")[1] for n in names} == set(kernels.TC_QUANT_FORMATS)
-    assert all(re.search(r"_[spwo]_sg", n) for n in names)  # SHARED 1, 3, 5, 6: the weight tile in workgroup memory
+    assert all(re.search(r"_[spw]_sg", n) for n in names)  # SHARED 1, 3, 5: the weight tile in workgroup memory
     for fmt in kernels.TC_QUANT_FORMATS:
         text = kernels.template("matmul_tc", kernels.tc_variant(4, 4, 2, 2, 2, 1, 32, fmt))
         assert "fn fetch_w8" in text and "var<storage, read> w_a: array<f16>" not in text

@@ -12,7 +12,7 @@ o_proj merge, from timestamp queries. Each result line is also appended to ``--o
     python tools/ab_attention_gpu.py --runtime dawn --dawn-fast --model qwen2.5-1.5b \
         --prefill "default;attention_tc_head_dims=64,128,attention_tc_online=1"
     python tools/ab_attention_gpu.py --runtime dawn --dawn-fast --model qwen2.5-1.5b \
-        --prefill "default;tc_tiles[17920x1536]=4,2,2,4,2,6"   # one shape's entry of a dict field
+        --prefill "default;tc_tiles[17920x1536]=4,2,2,4,2,5"   # one shape's entry of a dict field
 """
 
 from __future__ import annotations

@@ -478,7 +478,7 @@ def _set_field(tuning: GpuTuning, item: str) -> str | None:
     """Apply one ``--set NAME=VALUE`` (an int or float; for a tuple field such as
     ``attention_tc_head_dims``, comma-separated ints) to ``tuning``; an error message, or None.
     ``NAME[KEY]=VALUE`` sets one entry of a dict field keyed by shape, its key's parts joined by
-    ``x`` (``tc_tiles[17920x1536]=4,2,2,4,2,6``, ``tc_quant_tiles[Q4_Kx17920x1536]=..``; ``none``:
+    ``x`` (``tc_tiles[17920x1536]=4,2,2,4,2,5``, ``tc_quant_tiles[Q4_Kx17920x1536]=..``; ``none``:
     None), into a new dict (the field's default object is left as it was)."""
     name, _, value = item.partition("=")
     key = None
@@ -552,7 +552,7 @@ def main() -> None:
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
                         help="override a GpuTuning field (kjarni/gpu/tuning.py; an int or float, comma-separated ints for a "
-                             "tuple), e.g. matvec_t_quads=2, or one shape's entry of a dict field, e.g. tc_tiles[17920x1536]=4,2,2,4,2,6")
+                             "tuple), e.g. matvec_t_quads=2, or one shape's entry of a dict field, e.g. tc_tiles[17920x1536]=4,2,2,4,2,5")
     args = parser.parse_args()
     from kjarni.gpu.tuning import GpuTuning
 

@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5, help="timed rounds over every variant of a shape (the median counts)")
     parser.add_argument("--warm-ms", type=float, default=500.0, help="GPU work before a shape's timed rounds (clocks)")
     parser.add_argument("--tiles", default="", help="matmul_sgmat: comma-separated BMxBNxBK_SMxSN (default: all; none: no tile)")
-    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,w,o} (SHARED 0-3, 5, 6; default: all; none: no tile)")
+    parser.add_argument("--tc-tiles", default="", help="matmul_tc: comma-separated TMxTN_SMxSN_kKU_{d,s,t,p,w} (SHARED 0-3, 5; default: all; none: no tile)")
     parser.add_argument("--runtime", default="dawn", help="dawn; wgpu runs only the SIMT kernel (a smoke test)")
     parser.add_argument("--shapes", default="", help="comma-separated subset of qkv,o_proj,gate_up,down")
     parser.add_argument("--splits", default="auto", help="comma-separated K splits per tile: auto (WgpuOps' rule) and/or counts")

@@ -146,7 +146,7 @@ def sgmat_fields(bm: int, bn: int, bk: int, sm: int, sn: int, sg: int) -> dict[s
             "WSTORE": wstore, "ACC": acc, "MMA": "\n".join(mma), "OUT": out}
 
 
-TC_SHARED_LETTERS = "dstpvwo"
+TC_SHARED_LETTERS = "dstpvw"
 """The letter of each SHARED mode in a ``matmul_tc`` variant name (`tc_variant`)."""
 TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (4, 2, 1, 1, 2, 0), (2, 2, 1, 1, 2, 0), (4, 4, 1, 1, 1, 0), (2, 2, 2, 2, 2, 0), (4, 2, 2, 2, 2, 0),
@@ -158,7 +158,6 @@ TC_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, 2, 2, 2, 2, 3), (2, 4, 2, 2, 2, 3), (4, 2, 2, 2, 2, 3), (4, 4, 2, 2, 2, 3), (4, 2, 2, 4, 2, 3),
     (2, 4, 4, 2, 2, 3),
     (4, 4, 2, 2, 2, 5), (4, 2, 2, 4, 2, 5), (2, 4, 4, 2, 2, 5), (2, 2, 2, 2, 2, 5),
-    (4, 4, 2, 2, 2, 6), (4, 2, 2, 4, 2, 6), (2, 4, 4, 2, 2, 6), (4, 2, 2, 2, 2, 6),
 )
 """The tensor-core prefill matmul's tiles (``matmul_tc.tmpl.wgsl``): (TM x TN result matrices a
 subgroup, SM x SN subgroups, KU 16-column steps of K a loop, SHARED: 0 operands from storage, 1
@@ -167,11 +166,11 @@ the threads in 16-byte chunks, 3 as 2 with two tiles of workgroup memory, one ba
 as 3 with the tiles held as vec4<u32> (one 16-byte store a chunk instead of 8 f16 stores), the
 matrix loads' offset and stride given in vec4<u32> elements, which is how Dawn reads them
 (tools/probe_tc.py --layouts on an H100, docs/benchmarks.md; SHARED 4, the same in f16 values,
-read the wrong data and is gone), 6 as 5 for the weight tile only, every subgroup loading its
-activation matrices straight from storage (half the copying a step; L1 and L2 serve the
-neighbouring subgroups' reuse of the activations), each at subgroup sizes 32 and 64 where the copies divide
+read the wrong data and is gone), each at subgroup sizes 32 and 64 where the copies divide
 evenly. (KU 1 double-buffered tiles, with a KU 2 single tile's workgroup memory, lost every product
-they were measured on and are not made: docs/benchmarks.md, sixteenth session.)"""
+they were measured on and are not made: docs/benchmarks.md, sixteenth session; so did SHARED 6,
+SHARED 5's weight tiles with the activation matrices loaded straight from storage, on the 1.5B
+Q4_K prefill: twenty-first session.)"""
 
 
 # The block decoders that split their prefill chunk load (fetch_w8, the loads) from its conversion
@@ -186,7 +185,7 @@ format's block decoder and rounded to f16 in workgroup memory (see matmul_tc.tmp
 def tc_variant(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int, fmt: str = "f16") -> str:
     """The ``matmul_tc`` variant name of a tile at subgroup size ``sg`` for weights in ``fmt``, e.g.
     ``4x2_1x1_k2_d_sg32`` (f16), ``4x4_2x2_k2_s_sg32.Q8_0``, ``4x4_2x2_k2_t_sg32`` (SHARED 2) or
-    ``4x4_2x2_k2_p_sg32`` (SHARED 3; 5: ``_w``; 6: ``_o``; 4, ``_v``, is no longer made)."""
+    ``4x4_2x2_k2_p_sg32`` (SHARED 3; 5: ``_w``; 4, ``_v``, is no longer made)."""
     name = f"{tm}x{tn}_{sm}x{sn}_k{ku}_{TC_SHARED_LETTERS[shared]}_sg{sg}"
     return name if fmt == "f16" else f"{name}.{fmt}"
 
@@ -213,8 +212,6 @@ def tc_tile_renders(tile: tuple[int, int, int, int, int, int], sg: int, quant: b
         return not quant
     if shared == 1:
         a_ok = tm * sm * ku % (sm * sn) == 0
-    elif shared == 6:  # no activation tile
-        a_ok = True
     else:
         a_ok = tc_x_chunks(tm, sm, sn, ku, sg).is_integer() and tc_x_chunks(tm, sm, sn, ku, sg) >= 1
     if shared >= 2 or quant:
@@ -248,9 +245,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<vec4<u32>>;"
     else:
         weight = "@group(0) @binding(2) var<storage, read> w_a: array<f16>;"
-    # SHARED 6: SHARED 5's weight tiles, the activations' matrices loaded straight from storage.
-    xdirect = shared == 6
-    xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared >= 2 and not xdirect
+    xdecl = ("@group(0) @binding(1) var<storage, read> x: array<vec4<u32>>;" if shared >= 2
              else "@group(0) @binding(1) var<storage, read> x: array<f16>;")
     if shared == 4:
         raise ValueError("matmul_tc: SHARED 4 (vec4<u32> tiles read with offsets in f16 values) loads the wrong "
@@ -258,7 +253,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
     double = shared >= 3  # two tiles of each operand: step s computes from one while s + 1 is stored in the other
     # SHARED 5: tiles of vec4<u32> (8 f16 values an element); the matrix loads take their offset
     # and stride in those elements, as Dawn's Vulkan backend reads them (measured: probe_tc --layouts).
-    packed = shared in (5, 6)
+    packed = shared == 5
 
     def products(a_src: str, b_src: str) -> list[str]:
         out = []
@@ -282,7 +277,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
     else:
         nbuf = "2u * " if double else ""
         elem, per = ("vec4<u32>", " / 8u") if packed else ("f16", "")
-        shmem = ("" if xdirect else f"var<workgroup> xs: array<{elem}, {nbuf}BM * LDS{per}>;\n") + f"var<workgroup> ws: array<{elem}, {nbuf}BN * LDS{per}>;"
+        shmem = f"var<workgroup> xs: array<{elem}, {nbuf}BM * LDS{per}>;\nvar<workgroup> ws: array<{elem}, {nbuf}BN * LDS{per}>;"
         # SHARED 1: each subgroup copies whole 16 x 16 operand matrices by matrix loads and stores.
         na, nb = (sm * tm * ku // nsg, sn * tn * ku // nsg) if shared == 1 else (0, 0)
         for n in range(na):
@@ -297,9 +292,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
                      f"    var pb{n}: {right};"]
         # SHARED 2: thread i of the workgroup copies 8-value chunks i, i + WG, .. of each tile (tile
         # row chunk / (BK / 8), columns 8 (chunk % (BK / 8)) ..), activations and f16 weights alike.
-        nx = int(tc_x_chunks(tm, sm, sn, ku, sg)) if shared >= 2 and not xdirect else 0
-        if xdirect:
-            decl += [f"    let xo{i} = t{i} * cols;" for i in range(tm)]
+        nx = int(tc_x_chunks(tm, sm, sn, ku, sg)) if shared >= 2 else 0
         for n in range(nx):
             i = f"({n}u * WG + sg * SG + lane)"
             decl += [f"    let xc{n} = {i} % (BK / 8u);",
@@ -365,8 +358,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
                 step += products("&xs, cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u, LDS",
                                  "&ws, cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u, LDS")
             else:  # offsets and strides in vec4<u32> elements: every one a multiple of 8 f16 values
-                step += products("&x, xo{i} + k0 + {k}u, cols" if xdirect else
-                                 "&xs, (cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u) / 8u, LDS / 8u",
+                step += products("&xs, (cur * BM * LDS + (sm * TM + {i}u) * 16u * LDS + {k}u) / 8u, LDS / 8u",
                                  "&ws, (cur * BN * LDS + (sn * TN + {j}u) * 16u * LDS + {k}u) / 8u, LDS / 8u")
             step += ["        workgroupBarrier();"]
     store = [f"    subgroupMatrixStore<row_major>(&y, (t_out + t{i}) * ys + params.row_offset + r{j}, acc{i}_{j}, ys);" for i, j in ij]
@@ -392,8 +384,7 @@ def tc_fields(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int, sg: int,
 def tc_workgroup_bytes(tm: int, tn: int, sm: int, sn: int, ku: int, shared: int) -> int:
     """Workgroup memory of a ``matmul_tc`` tile: the bias staging, and the operand tiles with SHARED."""
     lds = 16 * ku + 8
-    x_rows = 0 if shared == 6 else sm * tm
-    return sm * sn * 1024 + (2 * lds * 16 * (x_rows + sn * tn) * (2 if shared >= 3 else 1) if shared else 0)
+    return sm * sn * 1024 + (2 * lds * 16 * (sm * tm + sn * tn) * (2 if shared >= 3 else 1) if shared else 0)
 
 
 MATVEC_DOT_FORMATS = ("Q8_0", "Q5_0", "Q4_K")

@@ -566,9 +566,9 @@ class Linear:
             tile = tuning.tc_quant_tiles.get((fmt, seg.rows, cols), tuning.tc_quant_tile)
         else:
             tile = tuning.tc_tiles.get((seg.rows, cols), tuning.tc_tile)
-        if tile is not None and tile[5] in (5, 6) and self.context.info.get("backend_type") != "Vulkan":
-            # SHARED 5's and 6's matrix loads count offsets in vec4<u32> elements, as Dawn's Vulkan
-            # backend reads them (measured); elsewhere the same tile with f16 workgroup tiles (SHARED 3).
+        if tile is not None and tile[5] == 5 and self.context.info.get("backend_type") != "Vulkan":
+            # SHARED 5's matrix loads count offsets in vec4<u32> elements, as Dawn's Vulkan backend
+            # reads them (measured); elsewhere the same tile with f16 workgroup tiles (SHARED 3).
             tile = (*tile[:5], 3)
         if tile is None or cols % (16 * tile[4]) or kernels.tc_variant(*tile, sg, fmt) not in kernels.TEMPLATES["matmul_tc"]:
             return None
