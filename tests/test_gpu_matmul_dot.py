@@ -47,6 +47,14 @@ def plan_kernels(ops, weight, tokens: int) -> list[str]:
     return [pipeline.kjarni_name for pipeline, *_ in dispatches]
 
 
+def test_numpy_rounds_the_formats_the_gpu_kernels_round():
+    """numpy_ops' int-dot type sets name the formats kernels.py renders integer-dot kernels for."""
+    from kjarni.numpy_ops import INT_DOT_PREFILL_TYPES, INT_DOT_TYPES
+
+    assert {t.name for t in INT_DOT_TYPES} == set(kernels.MATVEC_DOT_FORMATS)
+    assert {t.name for t in INT_DOT_PREFILL_TYPES} == set(kernels.DOT_FORMATS)
+
+
 def test_numpy_quantizes_prefill_products_from_the_token_count_given():
     rng = np.random.default_rng(0)
     q8 = REF.weight(random_quant(T.Q8_0, 8, 64, seed=1), name="a.weight")
