@@ -20,6 +20,11 @@
 // sets (the grid may be capped below their count). Lanes stride over the row's units, UN a trip
 // while UN whole units remain, then one a trip. Sums go over the group with subgroupShuffleXor,
 // then through workgroup memory (double-buffered by row set) when a group spans subgroups.
+// Flag `glu` (a one-token SwiGLU MLP's gate_up, kjarni/gpu/linear.py `Linear.record_swiglu`): the
+// weight is [gate | up] stacked (rows = 2 I), a group's R rows are R / 2 rows of gate and the same
+// rows of up (R even), and lane 0 writes y[row_offset + i] = silu(g_i) u_i for i < I (no bias or
+// residual), so the down projection reads a plain x (no silu recomputed, half the bytes, in every
+// one of its workgroups).
 // Every index is in range by construction (rows clamped, units below cols / 8, xs below cols / 4),
 // so kjarni compiles it without naga's runtime checks (GpuTuning.matvec_f16_unchecked).
 // Grid: up to (min(n, 32768), ceil(n / 32768)) for n row sets; any smaller grid is correct.
@@ -46,6 +51,11 @@ override HD4: u32 = 16u;
 // (Every override is declared before the array sized by XV: naga 29 panics otherwise.)
 const R: u32 = {{R}}u;
 const UN: u32 = {{UN}}u;
+// #if glu
+const RG: u32 = R / 2u;  // output rows a group: of gate, then the same of up
+// #else
+const RG: u32 = R;
+// #endif
 
 var<workgroup> xs: array<vec4<f32>, XV>;
 const MAX_SUBGROUPS: u32 = 64u;  // 256 threads in subgroups of 4, WebGPU's smallest
@@ -78,6 +88,17 @@ fn load_v(i: u32) -> vec4<f32> {
         return g / (1.0 + exp(-g)) * x[params.cols / 4u + i];
     }
     return x[i];
+// #endif
+}
+
+// The weight row loaded as row i of a group whose first output row is row0 (clamped to the last
+// row, of its half with glu).
+fn weight_row(row0: u32, i: u32) -> u32 {
+// #if glu
+    let half = params.rows / 2u;
+    return min(row0 + i % RG, half - 1u) + (i / RG) * half;
+// #else
+    return min(row0 + i, params.rows - 1u);
 // #endif
 }
 
@@ -128,13 +149,17 @@ fn main(
     let lane = lid % LANES;
     let units = params.cols / 8u;
     let stride = units;
-    let last = params.rows - 1u;
-    let sets = (params.rows + R * groups - 1u) / (R * groups);
+// #if glu
+    let out_rows = params.rows / 2u;
+// #else
+    let out_rows = params.rows;
+// #endif
+    let sets = (out_rows + RG * groups - 1u) / (RG * groups);
     let spans = LANES > sg_size;  // a row group spans LANES / sg_size subgroups
     let width = min(LANES, sg_size);
     var parity = 0u;
     for (var rs = wid.x + wid.y * nwg.x; rs < sets; rs += nwg.x * nwg.y) {
-        let row0 = (rs * groups + group) * R;
+        let row0 = (rs * groups + group) * RG;
 {{ROWS}}
         var s = vec4<f32>(0.0);
         var u = lane;
@@ -161,6 +186,14 @@ fn main(
             parity ^= 1u;
         }
         if (lane == 0u) {
+// #if glu
+            for (var i = 0u; i < RG; i++) {
+                if (row0 + i < out_rows) {
+                    let g = s[i] * scale;
+                    y[params.row_offset + row0 + i] = g / (1.0 + exp(-g)) * (s[i + RG] * scale);
+                }
+            }
+// #else
             for (var i = 0u; i < R; i++) {
                 let row = row0 + i;
                 if (row < params.rows) {
@@ -175,6 +208,7 @@ fn main(
                     y[out] = v;
                 }
             }
+// #endif
         }
     }
 }

@@ -41,10 +41,11 @@ def test_every_variant_is_listed_and_rendered():
     assert sorted(kernels.TEMPLATES["matvec_f16"]) == sorted(kernels.matvec_f16_variant(r, u) for r in (1, 2, 4) for u in (1, 2, 4))
     assert {(c[2], c[3]) for c in CONFIGS} == set(kernels.MATVEC_F16_SHAPES)
     for name in kernels.TEMPLATES["matvec_f16"]:
-        for flags in (frozenset({"subgroup"}), frozenset({"subgroup", "attn"})):
+        for flags in (frozenset({"subgroup"}), frozenset({"subgroup", "attn"}), frozenset({"subgroup", "glu"})):
             text = kernels.template("matvec_f16", name, flags)
             assert "{{" not in text and "fn main" in text and "fn load_v" in text
             assert ("override SPLITS" in text) == ("attn" in flags)
+            assert ("const RG: u32 = R / 2u;" in text) == ("glu" in flags)
 
 
 @pytest.mark.gpu
@@ -114,3 +115,48 @@ def test_the_rules_keep_the_float_template_for_rows_longer_than_4864_columns(ops
     assert linear.matvec_f16_config("f16", 1000, 4872) is None
     assert linear.matvec_f16_config("f16", 1000, 4864) is not None
     assert linear.matvec_f16_config("Q8_0", 1000, 4864) is None
+
+
+@pytest.mark.gpu
+def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops, monkeypatch):
+    """One token's SwiGLU MLP (`Linear.record_swiglu`): where gate_up's matvec_f16 has an even
+    number of rows a group, its ``glu`` flag writes silu(gate) up (72 output rows: past the end of
+    some row sets, grids capped below them) and down reads it plainly; with odd rows, or
+    ``matvec_glu`` off, gate_up writes [gate | up] and down applies the silu. Both match numpy's
+    MLP."""
+    hidden, inter = 64, 72
+    rng = np.random.default_rng(9)
+    gate_up, gu = make_weight(ops, "f16", 2 * inter, hidden, seed=10)
+    down, dw = make_weight(ops, "f16", hidden, inter, seed=11)
+    nw = (1 + 0.2 * rng.standard_normal(hidden)).astype(np.float32)
+    norm = ops.weight(nw, name="nw")
+    x = rng.standard_normal((1, hidden)).astype(np.float32)
+    res = rng.standard_normal((1, hidden)).astype(np.float32)
+    want = REF.swiglu_mlp(x, nw, 1e-5, gu, dw, residual=res)
+    h = REF.silu_mul(REF.norm_linear(x, nw, 1e-5, gu))
+    scale = float(np.abs(h).sum() * np.abs(dw).max())  # a bound on |down's product|
+    requested = []
+    pipeline = ops.context.pipeline
+
+    def spy(kernel, kinds, **kw):
+        requested.append((kernel, "glu" in kw.get("flags", ())))
+        return pipeline(kernel, kinds, **kw)
+
+    monkeypatch.setattr(ops.context, "pipeline", spy)
+    try:
+        for glu_on in (True, False):
+            ops.tuning.matvec_glu = glu_on
+            for config in CONFIGS:
+                ops.tuning.matvec_f16_configs = {(2 * inter, hidden): config}
+                gate_up.plans.clear()
+                down.plans.clear()
+                requested.clear()
+                got = ops.read(ops.swiglu_mlp(upload(ops, x), norm, 1e-5, gate_up, down, residual=upload(ops, res)))
+                glu = glu_on and config[2] % 2 == 0
+                name = f"matvec_f16.{kernels.matvec_f16_variant(*config[2:4])}"
+                assert (name, glu) in requested, (config, requested)
+                assert not any(flag for _, flag in requested) or glu
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0), err_msg=f"{config} glu {glu}")
+    finally:
+        ops.tuning.matvec_glu = True
+        ops.tuning.matvec_f16_configs = {}

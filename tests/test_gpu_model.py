@@ -157,6 +157,31 @@ def test_f16_weights_and_kv_cache_stay_close_to_numpy(tmp_path, wgpu_context):
     assert (got.argmax(-1) == expected.argmax(-1)).mean() >= 0.9
 
 
+def test_decode_with_f16_weights_matches_numpy_on_the_same_values(tmp_path, wgpu_context):
+    """f16 weights (numpy on the same values in float32), float32 KV: the decode steps run
+    matvec_f16, gate_up writing silu(gate) up itself (`Linear.glu_fusable`), and match numpy as
+    float32 weights do."""
+    from kjarni.gpu import WgpuOps
+
+    if not wgpu_context.has_subgroups:
+        pytest.skip("matvec_f16.tmpl.wgsl needs subgroups")
+    config = tiny_config("qwen2")
+    rounded = {n: t.astype(np.float16).astype(np.float32) for n, t in random_state_dict(config, seed=13).items()}
+    save_safetensors_model(tmp_path, config, rounded)
+    cfg = ModelConfig.from_json(tmp_path / "config.json")
+    ops = WgpuOps(wgpu_context, weight_format="f16", kv_format="f32")
+    cpu, gpu = DecoderModel(cfg, load_weights(tmp_path), NumpyOps()), DecoderModel(cfg, load_weights(tmp_path), ops)
+    block = gpu.blocks[0]
+    assert block.gate_up.formats == ["f16"]
+    assert ops.linear_kernels.glu_fusable(1, cfg.hidden_size, block.gate_up, block.down_proj)
+    cpu_cache, gpu_cache = cpu.new_cache(64), gpu.new_cache(64)
+    np.testing.assert_allclose(gpu.ops.read(gpu.forward(PROMPT, gpu_cache, logits="all")),
+                               cpu.ops.read(cpu.forward(PROMPT, cpu_cache, logits="all")), atol=1e-3, rtol=1e-3)
+    for token in (7, 50, 96):
+        np.testing.assert_allclose(gpu.ops.read(gpu.forward([token], gpu_cache)), cpu.ops.read(cpu.forward([token], cpu_cache)),
+                                   atol=1e-3, rtol=1e-3)
+
+
 def test_tied_embeddings_split_across_bindings(tmp_path):
     from kjarni.errors import GpuUnavailableError
     from kjarni.gpu import WgpuContext, WgpuOps

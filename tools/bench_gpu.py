@@ -124,6 +124,10 @@ def random_quant(fmt: str, shape: tuple[int, int], rng):
         put(0, [0.02 / 74], np.float16)
     elif name in ("Q5_0", "Q4_0"):  # d * (q - 16) or d * (q - 8): std 9.2 or 4.6
         put(0, [0.02 / (9.2 if name == "Q5_0" else 4.6)], np.float16)
+    elif name in ("Q4_1", "Q5_1"):  # d * q + m, q uniform in [0, 15] or [0, 31]: m centres it
+        std, mid = (4.6, 7.5) if name == "Q4_1" else (9.2, 15.5)
+        d = 0.02 / std
+        put(0, [d, -mid * d], np.float16)
     elif name == "Q4_K":
         # every scale byte 0x11: sub-blocks 0-3 get scale = min = 17, sub-blocks 4-7 scale = min = 1;
         # dmin = 7.5 d makes each sub-block d * scale * (q - 7.5), q uniform in [0, 15] (std 4.6).

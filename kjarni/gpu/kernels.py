@@ -464,7 +464,7 @@ def matvec_f16_fields(r: int, un: int) -> dict[str, str]:
     """The fields of ``matvec_f16.tmpl.wgsl`` for R rows and UN units a trip: the clamped rows'
     offsets, a full trip's R x UN loads then sums, and the one-unit tail trip, written out."""
     comp = "xyzw"
-    rows = "\n".join(f"        let b{i} = min(row0 + {i}u, last) * stride;" for i in range(r))
+    rows = "\n".join(f"        let b{i} = weight_row(row0, {i}u) * stride;" for i in range(r))
     full = [f"            let q{k}_{i} = w_a[b{i} + u + {k}u * LANES];" for k in range(un) for i in range(r)]
     full += [f"            s.{comp[i]} += dot8(q{k}_{i}, u + {k}u * LANES);" for k in range(un) for i in range(r)]
     tail = [f"            let t{i} = w_a[b{i} + u];" for i in range(r)]

@@ -56,9 +56,10 @@ class Linear:
         self.tuning = tuning
 
     def record(self, x: GpuTensor, weight: GpuWeight, bias: GpuWeight | None, residual: GpuTensor | None,
-               norm_weight: GpuWeight | None, eps: float, silu_out: bool = False) -> GpuTensor:
+               norm_weight: GpuWeight | None, eps: float, silu_out: bool = False, glu_out: bool = False) -> GpuTensor:
         """Records the product; ``silu_out`` (from `record_swiglu` only): ``weight`` is [gate | up]
-        and the result is silu(gate) up as `F16Activations` (matmul_tc's silu flag)."""
+        and the result is silu(gate) up as `F16Activations` (matmul_tc's silu flag); ``glu_out``
+        (likewise): the same in float32 from one token's matvec_f16 (its ``glu`` flag)."""
         ctx = self.context
         tokens = x.shape[0]
         if (type(x) is ReducePending and x.pending and norm_weight is not None and self.tuning.tc_reduce_prep
@@ -79,14 +80,17 @@ class Linear:
                 fusable = weight.plans[("merge", attn)] = self.merge_fusable(x, weight)
             if not fusable:
                 attn = None
-        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn, prepared, silu_out)
+        key = (tokens, id(bias), residual is not None, id(norm_weight), eps, silu, attn, prepared, silu_out, glu_out)
         plan = weight.plans.get(key)
         if plan is None:
-            plan = weight.plans[key] = self.plan(x.shape, weight, bias, residual, norm_weight, eps, silu, attn, prepared, silu_out)
+            plan = weight.plans[key] = self.plan(x.shape, weight, bias, residual, norm_weight, eps, silu, attn, prepared, silu_out,
+                                                 glu_out)
         dispatches, groups, rows, common = plan
         x_buffer = x.source.buffer if silu else x.partials.buffer if attn else x.buffer
         if silu_out:  # silu(gate) up in f16: [tokens, rows / 2] of 2 bytes
             out = F16Activations(ctx.scratch(tokens * rows), (tokens, rows // 2))
+        elif glu_out:  # silu(gate) up: [tokens, rows / 2] of 4 bytes
+            out = GpuTensor(ctx.scratch(tokens * rows * 2), (tokens, rows // 2))
         else:
             out = GpuTensor(ctx.scratch(tokens * rows * 4), (tokens, rows))
         r_buffer = residual.buffer if residual is not None else None
@@ -154,11 +158,27 @@ class Linear:
     def record_swiglu(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, gate_up: GpuWeight, down: GpuWeight,
                       residual: GpuTensor | None) -> GpuTensor | None:
         """``down(silu_mul(gate_up(rms_norm(x)))) + residual`` with the silu_mul in gate_up's
-        tensor-core epilogue (`swiglu_fusable`), or None where it is not (the caller composes it)."""
-        if not self.swiglu_fusable(x.shape[0], x.shape[1], gate_up, down):
+        epilogue: its tensor-core matmul's (`swiglu_fusable`) or one token's matvec_f16
+        (`glu_fusable`); None where neither applies (the caller composes it)."""
+        if self.glu_fusable(x.shape[0], x.shape[1], gate_up, down):
+            h = self.record(x, gate_up, None, None, norm_weight, eps, glu_out=True)
+        elif self.swiglu_fusable(x.shape[0], x.shape[1], gate_up, down):
+            h = self.record(x, gate_up, None, None, norm_weight, eps, silu_out=True)
+        else:
             return None
-        h = self.record(x, gate_up, None, None, norm_weight, eps, silu_out=True)
         return self.record(h, down, None, residual, None, 0.0)
+
+    def glu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
+        """Whether a one-token `record_swiglu` writes silu(gate) up from gate_up's matvec_f16
+        (``matvec_glu`` on, gate_up one f16 segment of ``cols`` columns that matvec_f16 runs on an
+        even number of rows a group, down of rows / 2 columns)."""
+        if tokens != 1 or not self.tuning.matvec_glu or gate_up.kind != "matrix" or down.kind != "matrix":
+            return False
+        rows = gate_up.shape[0]
+        if len(gate_up.segments) != 1 or gate_up.shape[1] != cols or rows % 2 or down.shape[1] != rows // 2:
+            return False
+        config = self.matvec_f16_config(gate_up.segments[0].format, rows, cols)
+        return config is not None and config[2] % 2 == 0
 
     def swiglu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
         """Whether `record_swiglu` applies (decided once per weight and shape): ``tc_silu`` on,
@@ -205,13 +225,13 @@ class Linear:
                 and all(self.matvec_config(s.format, s.rows, cols) is not None for s in weight.segments))
 
     def plan(self, x_shape: tuple[int, int], weight: GpuWeight, bias, residual, norm_weight, eps, silu: bool,
-             attn: tuple[int, int] | None = None, prepared: bool = False, silu_out: bool = False) -> tuple:
+             attn: tuple[int, int] | None = None, prepared: bool = False, silu_out: bool = False, glu_out: bool = False) -> tuple:
         """(dispatches [(pipeline, params, grid, w_a, w_b, role)], bind group cache, rows, (bias, norm
         buffers, bias, norm, bytes of split-K partials, bytes of f16 activations)); role "out" writes
         y, "partial" the partials of a prefill matmul split over K, "reduce" adds them into y
         (matmul_reduce.wgsl); "prep" writes the tensor cores' f16 activations, which "tc" (y) and
         "tc_partial" (partials) multiply (matmul_tc.tmpl.wgsl). ``prepared``: x holds them already
-        (`F16Activations`), so there is no prep; ``silu_out``: see `record`."""
+        (`F16Activations`), so there is no prep; ``silu_out``, ``glu_out``: see `record`."""
         ctx = self.context
         tokens, cols = x_shape
         rows = weight.shape[0]
@@ -268,6 +288,10 @@ class Linear:
                 splits = self.sgmat_splits(tile, seg.rows, tokens, cols, rows)
             else:
                 splits = self.matmul_splits(seg.rows, tokens, cols, flags, rows) if self.uses_matmul(seg, tokens) else 1
+            if glu_out:  # glu_fusable decided it: one token, one f16 segment, matvec_f16
+                pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, glu=True)
+                dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
+                continue
             if splits == 1:
                 pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, attn)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
@@ -299,9 +323,10 @@ class Linear:
         return reduce, params, (-(-seg.rows // 256), tokens, 1), ctx.dummy, ctx.dummy, "reduce"
 
     def segment_kernel(self, seg: Segment, cols: int, rows: int, tokens: int, flags: int, eps: float,
-                       attn: tuple[int, int] | None = None) -> tuple[Any, Any, tuple[int, int, int]]:
+                       attn: tuple[int, int] | None = None, glu: bool = False) -> tuple[Any, Any, tuple[int, int, int]]:
         """(pipeline, params, grid) of the one dispatch that multiplies ``tokens`` rows of x by
-        segment ``seg`` (writing rows ``seg.row_offset ..`` of a y of ``rows`` columns)."""
+        segment ``seg`` (writing rows ``seg.row_offset ..`` of a y of ``rows`` columns; ``glu``:
+        one token's matvec_f16 writing silu(gate) up, ``rows / 2`` columns)."""
         from kjarni.gpu import quant
 
         ctx, tuning = self.context, self.tuning
@@ -332,7 +357,7 @@ class Linear:
             if attn:  # x: split attention partials, merged per workgroup (fewer, larger workgroups)
                 threads, lanes, r, un, cap = tuning.matvec_attn_threads, tuning.matvec_attn_lanes, 1, 2, 0
             name = kernels.matvec_f16_variant(r, un)
-            variant = frozenset({"attn"}) if attn else frozenset()
+            variant = frozenset({"attn"}) if attn else frozenset({"glu"}) if glu else frozenset()
 
             def source_h16() -> str:
                 return kernels.template("matvec_f16", name, variant)

@@ -321,6 +321,10 @@ class GpuTuning:
     # ---------------------------------------------------------------- fusions of the decode step
     fuse_silu: bool = True
     """silu_mul is applied inside the following linear (``LINEAR_SILU``)."""
+    matvec_glu: bool = True
+    """A one-token SwiGLU MLP's gate_up matvec (matvec_f16, an even number of rows a group) writes
+    silu(gate) up itself (its ``glu`` flag), so the down projection reads a plain x instead of
+    recomputing silu over [gate | up] in each of its workgroups (`Linear.glu_fusable`)."""
     fuse_rope: bool = True
     """A one-token rope_store is recorded by the next attention (attention_step.wgsl)."""
     attention_step_threads: int = 1024
