@@ -122,8 +122,12 @@ def test_greedy_decode_running_ahead_reads_back_once_per_burst(tmp_path, gpu_ops
     reads = []
     read_tokens = gpu_ops.read_tokens
     monkeypatch.setattr(gpu_ops, "read_tokens", lambda handles: reads.append(len(handles)) or read_tokens(handles))
-    _generate(gpu, PROMPT, 1 + 2 + 4 + 8 + 8)
-    assert reads == [1, 2, 4, 8, 8], "bursts grow from one token (the prefill's) to decode_ahead"
+    bursts = [1]
+    while bursts[-1] < gpu_ops.decode_ahead:
+        bursts.append(min(2 * bursts[-1], gpu_ops.decode_ahead))
+    bursts.append(gpu_ops.decode_ahead)  # [1, 2, 4, 8, 16, 16] at the default of 16
+    _generate(gpu, PROMPT, sum(bursts))
+    assert reads == bursts, "bursts grow from one token (the prefill's) to decode_ahead"
 
 
 def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_path, gpu_ops, monkeypatch):
