@@ -67,7 +67,7 @@ Conventions every backend follows:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -226,6 +226,11 @@ class Ops(Protocol):
 
     def argmax_ahead(self, x: Activation) -> DeviceTokens:
         """`argmax` of each row, left on the device and started (nothing read back)."""
+        ...
+
+    def read_tokens_later(self, handles: Sequence[DeviceTokens]) -> Callable[[], list[np.ndarray]]:
+        """`read_tokens` started now; the returned function waits for the ids (once), and steps
+        recorded before it is called run on the device meanwhile."""
         ...
 
     def read_tokens(self, handles: Sequence[DeviceTokens]) -> list[np.ndarray]:

@@ -157,13 +157,15 @@ def _decode_ahead(
     ``rng.random()``, drawn in the order the step-by-step loop draws) and is submitted at once, so
     the CPU records step n + 1 while the GPU runs step n, and ids are read back once per burst.
     Bursts grow ``first_burst`` (1: the first token comes as soon as the prefill ends), twice
-    that .. ``ops.decode_ahead``. Steps past ``max_tokens`` or the cache are not run ahead; a
-    consumer asking beyond them gets them one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
+    that .. ``ops.decode_ahead``. While a burst's ids come back (``read_tokens_later``), the next
+    burst is already recorded and submitted, so the device never waits for the readback. Steps
+    past ``max_tokens`` or the cache are not run ahead; a consumer asking beyond them gets them
+    one at a time (and the model's ``ContextOverflowError`` at the end of the cache).
 
     A draw the device leaves undecided (a tie at the top-k boundary) is made on the CPU from that
     step's logits with the same uniform; the steps run past it are dropped and their uniforms
     reused, so tokens and draws are the step-by-step loop's. Uniforms drawn for steps a consumer
-    never asks for are lost: ``rng`` ends up to ``decode_ahead - 1`` draws further on."""
+    never asks for are lost: ``rng`` ends up to ``2 decode_ahead - 1`` draws further on."""
     ops = model.ops
     generated: list[int] = []
     spare: deque[float] = deque()  # uniforms of dropped steps, for the steps that replace them
@@ -174,30 +176,40 @@ def _decode_ahead(
         draw = spare.popleft() if spare else float(rng.random())
         return ops.sample_ahead(step_logits, sampler, draw), step_logits, draw
 
-    pending = [choose(logits)]
+    def run_ahead(steps: list, size: int) -> None:
+        """Records (and submits) steps onto ``steps`` while it holds fewer than ``size`` and each
+        is sure to be wanted."""
+        nonlocal last, chosen
+        while len(steps) < size and (max_tokens is None or chosen < max_tokens) and kv_cache.offset < kv_cache.capacity:
+            steps.append(choose(model.forward(last, kv_cache)))
+            last = steps[-1][0]
+            chosen += 1
+
+    pending = [choose(logits)]  # steps recorded and not yet read back, oldest first
     last, chosen, produced, burst = pending[0][0], 1, 0, max(min(first_burst, ops.decode_ahead), 1)
+    reading = None  # the ids of the burst coming back, while it has not been waited for
     try:
         while True:
-            # Run ahead while the burst has room and the step is sure to be wanted; a consumer
-            # asking past that gets one step at a time (`not pending`).
-            while not pending or (
-                len(pending) < burst
-                and (max_tokens is None or chosen < max_tokens)
-                and kv_cache.offset < kv_cache.capacity
-            ):
+            run_ahead(pending, burst)
+            if not pending:  # past max_tokens or the cache: one step for a consumer asking on
                 pending.append(choose(model.forward(last, kv_cache)))
                 last = pending[-1][0]
                 chosen += 1
-            for i, ids in enumerate(ops.read_tokens([handle for handle, _, _ in pending])):
+            batch, pending = pending, []
+            reading = ops.read_tokens_later([handle for handle, _, _ in batch])
+            burst = min(2 * burst, ops.decode_ahead)
+            run_ahead(pending, burst)  # the next burst runs while this one's ids come back
+            ids_list, reading = reading(), None
+            for i, ids in enumerate(ids_list):
                 token = int(ids[0])
                 undecided = token == UNDECIDED
                 if undecided:
-                    _, step_logits, draw = pending[i]
+                    _, step_logits, draw = batch[i]
                     token, _ = sampler.sample(ops.read(step_logits)[0], prompt + generated, FixedDraw(draw),
                                               step=step_name(produced, len(prompt)))
-                    spare.extendleft(reversed([d for _, _, d in pending[i + 1 :]]))
+                    spare.extendleft(reversed([d for _, _, d in batch[i + 1 :] + pending]))
                     kv_cache.trim(kv_cache.offset - (len(prompt) + produced))  # what fed this step
-                    last, chosen = [token], produced + 1
+                    last, chosen, pending = [token], produced + 1, []
                 else:
                     checked_ids(model, ids, step_name(produced, len(prompt)))
                 generated.append(token)
@@ -205,7 +217,8 @@ def _decode_ahead(
                 yield token, None
                 if undecided:
                     break
-            pending, burst = [], min(2 * burst, ops.decode_ahead)
     finally:
+        if reading is not None:
+            reading()  # its staging buffer back to the device's pool
         # The step-by-step loop has fed every token but the last one it yielded.
         kv_cache.trim(kv_cache.offset - (len(prompt) + max(produced, 1) - 1))

@@ -120,14 +120,35 @@ def test_greedy_decode_running_ahead_gives_the_step_by_step_tokens(tmp_path, gpu
 def test_greedy_decode_running_ahead_reads_back_once_per_burst(tmp_path, gpu_ops, monkeypatch):
     _, gpu = _pair(tmp_path, gpu_ops, "llama", num_hidden_layers=2)
     reads = []
-    read_tokens = gpu_ops.read_tokens
-    monkeypatch.setattr(gpu_ops, "read_tokens", lambda handles: reads.append(len(handles)) or read_tokens(handles))
+    read_later = gpu_ops.read_tokens_later
+    monkeypatch.setattr(gpu_ops, "read_tokens_later", lambda handles: reads.append(len(handles)) or read_later(handles))
     bursts = [1]
     while bursts[-1] < gpu_ops.decode_ahead:
         bursts.append(min(2 * bursts[-1], gpu_ops.decode_ahead))
     bursts.append(gpu_ops.decode_ahead)  # [1, 2, 4, 8, 16, 16] at the default of 16
     _generate(gpu, PROMPT, sum(bursts))
     assert reads == bursts, "bursts grow from one token (the prefill's) to decode_ahead"
+
+
+def test_the_next_burst_is_submitted_before_a_burst_is_read_back(tmp_path, gpu_ops, monkeypatch):
+    """While burst n's ids come back, burst n + 1 is already recorded (and submitted), so the GPU
+    never waits for the readback; the tokens are the step-by-step loop's."""
+    cpu, gpu = _pair(tmp_path, gpu_ops, "qwen2", seed=5)
+    forwards, log = [0], []
+    forward, read_later = gpu.forward, gpu_ops.read_tokens_later
+    monkeypatch.setattr(gpu, "forward", lambda ids, cache, **kw: forwards.__setitem__(0, forwards[0] + 1) or forward(ids, cache, **kw))
+
+    def start(handles):
+        wait, started = read_later(handles), forwards[0]
+        return lambda: log.append((len(handles), started, forwards[0])) or wait()
+
+    monkeypatch.setattr(gpu_ops, "read_tokens_later", start)
+    monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 4)
+    tokens, _ = _generate(gpu, PROMPT, 1 + 2 + 4 + 4)
+    assert tokens == _generate(cpu, PROMPT, 11)[0]
+    # (burst, forwards when its read started, when it was waited for): the prompt's forward, then
+    # each wait comes after the next burst's forwards (2, 4, 4 steps; the last burst's next one too).
+    assert log == [(1, 1, 3), (2, 3, 7), (4, 7, 11), (4, 11, 15)]
 
 
 def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_path, gpu_ops, monkeypatch):

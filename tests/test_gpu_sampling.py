@@ -139,8 +139,8 @@ def test_sampled_decode_on_the_gpu_gives_the_numpy_tokens_for_the_same_seed(gpu_
 
 def test_sampled_decode_runs_ahead_reading_tokens_once_per_burst(gpu_ops, monkeypatch):
     _, gpu = _models(gpu_ops)
-    bursts, read_tokens = [], gpu_ops.read_tokens
-    monkeypatch.setattr(gpu_ops, "read_tokens", lambda handles: bursts.append(len(handles)) or read_tokens(handles))
+    bursts, read_later = [], gpu_ops.read_tokens_later
+    monkeypatch.setattr(gpu_ops, "read_tokens_later", lambda handles: bursts.append(len(handles)) or read_later(handles))
     monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 8)  # bursts of at most 8 (the default is 16)
     _tokens(gpu, make_sampler(temperature=0.7, top_k=50, top_p=0.9), 1 + 2 + 4 + 8 + 8)
     assert bursts == [1, 2, 4, 8, 8]
@@ -152,19 +152,24 @@ def test_an_undecided_draw_is_made_on_the_cpu_with_the_same_uniform(gpu_ops, mon
     # logits with the step's uniform, drop the steps run past it and reuse their uniforms.
     cpu, gpu = _models(gpu_ops)
     sampler = make_sampler(temperature=1.0, top_k=40)
-    seen, read_tokens = [0], gpu_ops.read_tokens
+    seen, read_later = [0], gpu_ops.read_tokens_later
 
     def one_undecided(handles):
-        out = read_tokens(handles)
-        for i, ids in enumerate(out):
-            if seen[0] + i == undecided_at:
-                out[i] = np.array([UNDECIDED])
-                seen[0] = -1000  # once
-                return out
-        seen[0] += len(out)
-        return out
+        wait = read_later(handles)
 
-    monkeypatch.setattr(gpu_ops, "read_tokens", one_undecided)
+        def ids():
+            out = wait()
+            for i, _ in enumerate(out):
+                if seen[0] + i == undecided_at:
+                    out[i] = np.array([UNDECIDED])
+                    seen[0] = -1000  # once
+                    return out
+            seen[0] += len(out)
+            return out
+
+        return ids
+
+    monkeypatch.setattr(gpu_ops, "read_tokens_later", one_undecided)
     assert _tokens(gpu, sampler, 16, seed=3) == _tokens(cpu, sampler, 16, seed=3)
     assert seen[0] < 0, "the undecided step was reached"
 

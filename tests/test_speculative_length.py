@@ -352,6 +352,49 @@ class Timed:
         return self._model.new_cache(capacity)
 
 
+class DeviceClock(Clock):
+    """The fake clock of a device that runs forwards in order while the CPU goes on: a forward
+    queues its cost (`DeviceTimed`), and a read advances the clock to the end of the work queued
+    before it started (`on_device` patches the context's reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.device_end = 0.0
+
+    def queue(self, cost: float) -> None:
+        self.device_end = max(self.device_end, self.now) + cost
+
+    def wait(self, until: float) -> None:
+        self.now = max(self.now, until)
+
+
+class DeviceTimed(Timed):
+    """`Timed` on a `DeviceClock`: forwards queue their cost instead of spending it at once."""
+
+    def forward(self, ids, kv_cache, logits="last"):
+        rows = len(ids)
+        self.forwards.append(rows)
+        self.clock.queue(self.base * (1 + self.per_row * (rows - 1)))
+        return self._model.forward(ids, kv_cache, logits=logits)
+
+
+def on_device(monkeypatch, context, clock: DeviceClock) -> None:
+    """Make ``context``'s reads wait on ``clock``: `WgpuContext.read` for everything queued so
+    far, a `read_later` for what was queued when it started."""
+    read, read_later = context.read, context.read_later
+
+    def read_now(*args):
+        clock.wait(clock.device_end)
+        return read(*args)
+
+    def start(*args):
+        until, wait = clock.device_end, read_later(*args)
+        return lambda: clock.wait(until) or wait()
+
+    monkeypatch.setattr(context, "read", read_now)
+    monkeypatch.setattr(context, "read_later", start)
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("target"), seed=11)
@@ -367,10 +410,12 @@ def unrelated(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("unrelated"), seed=99)
 
 
-def run(target, draft, max_tokens, draft_cost, params=None, **kwargs):
-    """(tokens, stats, timed target, timed draft) of one speculative generation on the fake clock."""
-    clock = Clock()
-    t, d = Timed(target, clock, 1.0), Timed(draft, clock, draft_cost)
+def run(target, draft, max_tokens, draft_cost, params=None, clock=None, **kwargs):
+    """(tokens, stats, timed target, timed draft) of one speculative generation on the fake clock
+    (``clock``: a `DeviceClock` whose reads `on_device` patched, else the CPU's: forwards cost at once)."""
+    timed = DeviceTimed if isinstance(clock, DeviceClock) else Timed
+    clock = clock or Clock()
+    t, d = timed(target, clock, 1.0), timed(draft, clock, draft_cost)
     params = params or GenerationParams(temperature=0)
     stats = GenerationStats()
     capacity = len(PROMPT) + max_tokens
@@ -507,14 +552,19 @@ def test_gpu_adaptive_greedy_with_plain_runs_is_plain_greedy(tmp_path, gpu_ops, 
     monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 8)  # the fake clock's figures below are for bursts of 8
     _build(tmp_path, seed=11)
     gpu = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
-    # An expensive draft: after the first rounds, plain runs (decode running ahead) do most of it;
-    # 200 tokens, and a draft priced at half its cost, give the budget room for a few rounds.
+    # A draft as dear as the target: the first round measures the costs and loses (its draft steps
+    # and verify cost more than its tokens at the plain step), and plain runs (decode running
+    # ahead) do the rest. The fake
+    # clock runs the forwards in order on a device (1 s each) while the loop records on, as the
+    # GPU does: a plain run's next burst is recorded before the readback waits.
+    clock = DeviceClock()
+    on_device(monkeypatch, gpu_ops.context, clock)
     length = Recorded(cost_ratio=0.5)
-    tokens, stats, _, _ = run(gpu, gpu, 200, 1.0, length=length)
-    assert stats.plain_tokens >= 100 and stats.rounds >= 2
+    tokens, stats, _, _ = run(gpu, gpu, 200, 1.0, length=length, clock=clock)
+    assert stats.plain_tokens >= 100 and stats.rounds >= 1
     # Decoding runs ahead: the first readback covers decode_ahead steps (8 here), the first run two of them.
     assert length.burst == gpu_ops.decode_ahead == 8
-    assert length.plain_records[0] == (16, 16.0, 8, 8.0)  # the fake clock: 1 s a forward
+    assert length.plain_records[0] == (16, 16.0, 8, 8.0)
     assert stats.draft_decisions["round: measure costs"] >= 1 and stats.draft_decisions["plain: rounds lose"] >= 1
     assert tokens == _tokens(gpu, GenerationParams(max_tokens=200, temperature=0))
 
@@ -559,15 +609,16 @@ def test_gpu_plain_run_at_full_burst_reads_back_once_per_decode_ahead_steps(tmp_
     gpu = DecoderModel(ModelConfig.from_json(tmp_path / "config.json"), load_weights(tmp_path), gpu_ops)
     assert gpu_ops.decode_ahead >= 8  # max_tokens (8) ends the bursts, not decode_ahead
     ctx, count = gpu_ops.context, []
-    real_read = ctx.read
+    real_read, real_later = ctx.read, ctx.read_later
     ctx.read = lambda *args: count.append(args) or real_read(*args)
+    ctx.read_later = lambda *args: count.append(args) or real_later(*args)
     try:
         steps = generate_step(gpu, PROMPT, Sampler(GenerationParams(temperature=0)), np.random.default_rng(0),
                               gpu.new_cache(len(PROMPT) + 8), max_tokens=8, first_burst=first_burst)
         tokens = [next(steps)[0] for _ in range(8)]
         steps.close()
     finally:
-        del ctx.read
+        del ctx.read, ctx.read_later
     assert len(count) == reads  # bursts 1, 2, 4, 1 against one burst of 8
     assert tokens == _tokens(gpu, GenerationParams(max_tokens=8, temperature=0))
 

@@ -232,6 +232,7 @@ class WgpuContext:
         self._pipeline_in_pass: Any = None
         self._raw = self.runtime.raw_recording if raw_recording else None
         self._staging: Any = None
+        self._spare_staging: list[Any] = []  # `read_later`'s staging buffers, free again
         self._step_values: dict[str, bytes] = {}
         self._step_used: set[str] = set()
         self._step_buffers: dict[str, Any] = {}
@@ -302,6 +303,8 @@ class WgpuContext:
         self._retired = []
         if self._staging is not None:
             owned.append(self._staging)
+        owned += self._spare_staging
+        self._spare_staging = []
         self._bind_groups.clear()
         self._pipelines.clear()
         self._uniforms.clear()
@@ -564,6 +567,46 @@ class WgpuContext:
         if self._profile is not None:
             self._resolve_profile()
         return data[:nbytes]
+
+    def read_later(self, buffer: Any, offset: int, nbytes: int) -> Callable[[], bytes]:
+        """`read` without the wait: copies ``nbytes`` of ``buffer`` from ``offset`` into a staging
+        buffer of its own, submits everything recorded so far and starts mapping it; the returned
+        function waits for the bytes (once; later calls return them again). Work submitted in
+        between runs on meanwhile: the map completes with the submit that holds the copy, so the
+        device need not go idle while the CPU waits (a greedy loop records its next burst there).
+        While profiling, it reads at once."""
+        if self._profile is not None:
+            data = self.read(buffer, offset, nbytes)
+            return lambda: data
+        size = -(-nbytes // 4) * 4
+        staging = next((b for b in self._spare_staging if b.size >= size), None)
+        if staging is None:
+            staging_size = max(4096, 1 << (size - 1).bit_length())
+            staging = self.device.create_buffer(size=staging_size, usage=BU.MAP_READ | BU.COPY_DST, label="staging")
+            self._created.append(staging)
+        else:
+            self._spare_staging.remove(staging)
+        self.copy(buffer, offset, staging, 0, size)
+        self.flush()
+        promise = staging.map_async(wgpu.MapMode.READ, 0, size)
+        result: list[bytes] = []
+
+        def wait() -> bytes:
+            if result:
+                return result[0]
+            result.append(b"")  # a failed wait is not waited for again
+            if self.closed:
+                raise GenerationFailedError("a GPU read outlived its context (closed before the read was waited for)")
+            try:
+                promise.sync_wait()
+                result[0] = bytes(staging.read_mapped(0, size, copy=True))[:nbytes]
+            finally:
+                if staging.map_state == "mapped":
+                    staging.unmap()
+                self._spare_staging.append(staging)
+            return result[0]
+
+        return wait
 
     # ------------------------------------------------------------------ profiling
 

@@ -15,7 +15,7 @@ holds the small ops (embed, norms, elementwise) and the selection ops (argmax, t
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -333,6 +333,11 @@ class WgpuOps:
             ctx.copy(handle.buffer, 0, out.buffer, offset, 4 * len(handle))
             offset += 4 * len(handle)
         return GpuTokens(out, count, -1)
+
+    def read_tokens_later(self, handles: Sequence[GpuTokens]) -> Callable[[], list[np.ndarray]]:
+        """`read_tokens` started now: the returned function waits for the ids, and work submitted
+        before it is called runs on the GPU meanwhile (`WgpuContext.read_later`)."""
+        return self._ring.read_later(handles)
 
     def read_tokens(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
         """The ids of ``handles`` in one readback: ``-1`` where the logits were not finite,

@@ -9,7 +9,7 @@ anything else that reads ``buffer`` records the deferred kernel at that point.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -252,6 +252,16 @@ class TokenRing:
         self._cursor += 8 * tokens
         ctx.flush()
         return handle
+
+    def read_later(self, handles: Sequence[GpuTokens]) -> Callable[[], list[np.ndarray]]:
+        """`read`, started now and waited for by the returned function (`WgpuContext.read_later`);
+        where the ring wrapped between the handles, read now."""
+        counts, offsets = [len(h) for h in handles], [h.ring_offset for h in handles]
+        if not handles or any(offsets[i + 1] != offsets[i] + 8 * counts[i] for i in range(len(handles) - 1)):
+            ids = self.read(handles)
+            return lambda: ids
+        wait = self.context.read_later(self.buffer, offsets[0], 8 * sum(counts))
+        return lambda: gpu_sampling.decode_ring(np.frombuffer(wait(), dtype=np.uint32), counts)
 
     def read(self, handles: Sequence[GpuTokens]) -> list[np.ndarray]:
         """The ids of ``handles`` in one readback (`gpu_sampling.decode_ring`)."""
