@@ -115,9 +115,9 @@ def generate_step(
 
     Greedy decoding on a backend with ``decode_ahead > 1``, and sampling where the backend can
     draw on its device (``samples_ahead``), run ahead instead (`_decode_ahead`): up to
-    ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string)
-    leaves up to ``decode_ahead - 1`` steps computed for nothing, and the cache is then trimmed
-    back to what the step-by-step loop would have fed. ``first_burst``: the steps of the first
+    ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string) leaves
+    up to ``2 decode_ahead - 1`` steps computed for nothing (a burst and the next, already
+    submitted), and the cache is then trimmed back to what the step-by-step loop would have fed. ``first_burst``: the steps of the first
     burst (1: the first token comes as soon as the prefill ends; ``ops.decode_ahead``: full speed
     from the start, for a caller that wants ``max_tokens`` tokens in any case, as a speculative
     plain run does).

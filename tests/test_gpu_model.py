@@ -125,7 +125,7 @@ def test_greedy_decode_running_ahead_reads_back_once_per_burst(tmp_path, gpu_ops
     bursts = [1]
     while bursts[-1] < gpu_ops.decode_ahead:
         bursts.append(min(2 * bursts[-1], gpu_ops.decode_ahead))
-    bursts.append(gpu_ops.decode_ahead)  # [1, 2, 4, 8, 16, 16] at the default of 16
+    bursts.append(gpu_ops.decode_ahead)  # [1, 2, 4, 8, 8] at the default of 8
     _generate(gpu, PROMPT, sum(bursts))
     assert reads == bursts, "bursts grow from one token (the prefill's) to decode_ahead"
 

@@ -141,7 +141,7 @@ def test_sampled_decode_runs_ahead_reading_tokens_once_per_burst(gpu_ops, monkey
     _, gpu = _models(gpu_ops)
     bursts, read_later = [], gpu_ops.read_tokens_later
     monkeypatch.setattr(gpu_ops, "read_tokens_later", lambda handles: bursts.append(len(handles)) or read_later(handles))
-    monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 8)  # bursts of at most 8 (the default is 16)
+    monkeypatch.setattr(gpu_ops.tuning, "decode_ahead", 8)  # bursts of at most 8, whatever the default
     _tokens(gpu, make_sampler(temperature=0.7, top_k=50, top_p=0.9), 1 + 2 + 4 + 8 + 8)
     assert bursts == [1, 2, 4, 8, 8]
 

@@ -435,14 +435,14 @@ class GpuTuning:
     # ---------------------------------------------------------------- submits and readback
     prefill_submit_every: int = 24
     """Prefill: submit after a linear once this many dispatches wait."""
-    decode_ahead: int = 16
-    """Greedy decode: steps submitted per readback, each fed the previous step's id on the GPU.
-    Each readback leaves the GPU idle about 1.3-1.5 ms (H100: the wait, then recording the next
-    step), so longer bursts decode faster: 8 / 16 / 32 gave 463 / 481 / 490 tok/s on the
-    Qwen2.5-1.5B f16 shape and 780 / 844 / 864 on 0.5B (twenty-second session,
-    docs/benchmarks.md). The price: a burst cut short by an end of text the CPU has not yet seen
-    still runs on the GPU (up to this many steps less one, discarded), delaying the next work;
-    16 keeps most of the gain at half 32's waste."""
+    decode_ahead: int = 8
+    """Greedy decode: steps submitted per readback, each fed the previous step's id on the GPU
+    (the next burst is recorded and submitted while a burst's ids come back: kjarni.decode).
+    With that overlap the burst size hardly matters: 8 / 16 / 32 gave 509 / 513 / 513 tok/s on
+    the Qwen2.5-1.5B f16 shape and 897 / 910 / 916 on 0.5B (H100, twenty-second session,
+    docs/benchmarks.md; without it 457 / 473 / 484 and 796 / 845 / 863). Larger bursts cost
+    more discarded steps after an end of text the CPU has not yet seen (up to twice this many
+    less one, delaying the next work), so 8."""
     finite_check: bool = True
     """argmax / top_k flag NaN and inf logits (False only to measure the check's cost)."""
     step_capture: bool = True
