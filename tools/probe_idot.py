@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODELS = {"qwen2.5-0.5b": (896, 4864, 1152), "qwen2.5-1.5b": (1536, 8960, 2048)}
 VARIANTS = {
-    "simt": {},
+    "simt": {"matmul_int_dot": False},  # the integer-dot path is the default since 0294b8b
     "dot_t4": {"matmul_int_dot": True, "matmul_dot_tile": 4},
     "dot_t8": {"matmul_int_dot": True, "matmul_dot_tile": 8},
     "dot_t4_unchecked": {"matmul_int_dot": True, "matmul_dot_tile": 4, "matmul_dot_unchecked": True},
