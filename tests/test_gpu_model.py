@@ -151,6 +151,21 @@ def test_the_next_burst_is_submitted_before_a_burst_is_read_back(tmp_path, gpu_o
     assert log == [(1, 1, 3), (2, 3, 7), (4, 7, 11), (4, 11, 15)]
 
 
+def test_a_read_started_early_gives_its_bytes_once_and_its_staging_buffer_back(wgpu_context):
+    ctx = wgpu_context
+    src = ctx.scratch(256)
+    ctx.queue.write_buffer(src.buffer, 0, np.arange(64, dtype=np.uint32))
+    first = ctx.read_later(src.buffer, 16, 40)
+    second = ctx.read_later(src.buffer, 0, 8)  # both in flight: a staging buffer each
+    made = len(ctx._created)
+    assert np.frombuffer(second(), np.uint32).tolist() == [0, 1]
+    assert np.frombuffer(first(), np.uint32).tolist() == list(range(4, 14))
+    assert first() == first()  # the bytes again, not a second wait
+    third = ctx.read_later(src.buffer, 252, 4)
+    assert len(ctx._created) == made, "a staging buffer from the pool, none made"
+    assert np.frombuffer(third(), np.uint32).tolist() == [63]
+
+
 def test_greedy_decode_running_ahead_stops_at_max_tokens_and_the_cache_end(tmp_path, gpu_ops, monkeypatch):
     _, gpu = _pair(tmp_path, gpu_ops, "llama", num_hidden_layers=2)
     forwards = []

@@ -603,7 +603,8 @@ class WgpuContext:
             finally:
                 if staging.map_state == "mapped":
                     staging.unmap()
-                self._spare_staging.append(staging)
+                if staging.map_state == "unmapped":  # not after a failed map: that buffer is not reused
+                    self._spare_staging.append(staging)
             return result[0]
 
         return wait
