@@ -147,9 +147,10 @@ class NumpyOps:
     to measure what that rounding costs against the float32 reference.
 
     ``quantize_activations=True`` rounds the input of every one-token product by a Q8_0, Q5_0 or
-    Q4_K weight (`INT_DOT_TYPES`; a weight concatenated from parts counts when all its parts are)
-    to int8 blocks of 32 (`quantize_activations`), as the GPU's integer-dot decode product does:
-    the reference to check that kernel against tightly. ``quantized_prefill_min_tokens`` (whatever
+    Q4_K weight (`INT_DOT_TYPES`) to int8 blocks of 32 (`quantize_activations`), as the GPU's
+    integer-dot decode product does: the reference to check that kernel against tightly. A weight
+    concatenated from parts of several formats (a Q4_K q/k with a Q6_K v) rounds it for the rows of
+    its int-dot parts only, as the GPU runs each part (segment) with its own kernel. ``quantized_prefill_min_tokens`` (whatever
     ``quantize_activations`` says): products of at least this many rows by a weight of
     `INT_DOT_PREFILL_TYPES` (those and Q4_0, Q4_1, Q5_1, Q6_K), with rows of a
     multiple of 64 values, are rounded too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl,
@@ -188,11 +189,15 @@ class NumpyOps:
         self.f16_activation_min_tokens = int(f16_activation_min_tokens)
         self.quantize_activations = bool(quantize_activations)
         self.quantized_prefill_min_tokens = int(quantized_prefill_min_tokens)
-        # Weights loaded from INT_DOT_TYPES tensors (by id, the array kept weakly), whose
-        # one-token products read quantized activations when quantize_activations is on; and from
-        # INT_DOT_PREFILL_TYPES tensors, whose prefill products do (quantized_prefill_min_tokens).
+        # Weights with parts loaded from INT_DOT_TYPES tensors (by id, the array kept weakly), whose
+        # one-token products read quantized activations for those parts' rows when
+        # quantize_activations is on; and with parts of INT_DOT_PREFILL_TYPES, whose prefill products
+        # do (quantized_prefill_min_tokens). The rows: `_int_dot_rows` / `_int_dot_prefill_rows`,
+        # None where every part is of those types.
         self._int_dot_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._int_dot_prefill_weights: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self._int_dot_rows: dict[int, list[tuple[int, int]] | None] = {}
+        self._int_dot_prefill_rows: dict[int, list[tuple[int, int]] | None] = {}
         self._tile = np.empty(0, dtype=np.float32)  # the f16 path's float32 tile, grown once
         self._scratch = np.empty(0, dtype=np.uint32)
 
@@ -204,13 +209,27 @@ class NumpyOps:
         else:
             arrays = [_as_f32(p) for p in parts]
         out = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-        if out.ndim == 2 and all(isinstance(p, QuantTensor) for p in parts):
-            types = {p.ggml_type for p in parts}
-            if types <= INT_DOT_TYPES:
-                self._int_dot_weights[id(out)] = out
-            if types <= INT_DOT_PREFILL_TYPES:
-                self._int_dot_prefill_weights[id(out)] = out
+        if out.ndim == 2:
+            types = [p.ggml_type if isinstance(p, QuantTensor) else None for p in parts]
+            self._note_rows(out, [a.shape[0] for a in arrays], [t in INT_DOT_TYPES for t in types],
+                            self._int_dot_weights, self._int_dot_rows)
+            self._note_rows(out, [a.shape[0] for a in arrays], [t in INT_DOT_PREFILL_TYPES for t in types],
+                            self._int_dot_prefill_weights, self._int_dot_prefill_rows)
         return out
+
+    @staticmethod
+    def _note_rows(out: np.ndarray, heights: list[int], chosen: list[bool], weights: weakref.WeakValueDictionary,
+                   rows: dict[int, list[tuple[int, int]] | None]) -> None:
+        """Notes ``out`` in ``weights`` (and its rows of ``chosen`` parts in ``rows``; None: all)
+        where any part is chosen; the entry goes with the array."""
+        if not any(chosen):
+            return
+        ends = np.cumsum(heights).tolist()
+        spans = [(end - h, end) for h, end, c in zip(heights, ends, chosen) if c]
+        key = id(out)
+        weights[key] = out
+        rows[key] = None if all(chosen) else spans
+        weakref.finalize(out, rows.pop, key, None)
 
     @property
     def has_int_dot_weights(self) -> bool:
@@ -247,22 +266,32 @@ class NumpyOps:
     ) -> np.ndarray:
         if self.activations == "f16" and x.shape[0] >= self.f16_activation_min_tokens:
             x = x.astype(np.float16).astype(np.float32)
-        if ((self.quantize_activations and x.shape[0] == 1 and self._int_dot_weights.get(id(weight)) is weight)
-                or (0 < self.quantized_prefill_min_tokens <= x.shape[0] and x.shape[1] % 64 == 0
-                    and self._int_dot_prefill_weights.get(id(weight)) is weight)):
+        spans: list[tuple[int, int]] | None = []  # rows whose product reads x rounded to int8; None: all
+        if self.quantize_activations and x.shape[0] == 1 and self._int_dot_weights.get(id(weight)) is weight:
+            spans = self._int_dot_rows.get(id(weight), [])
+        elif (0 < self.quantized_prefill_min_tokens <= x.shape[0] and x.shape[1] % 64 == 0
+              and self._int_dot_prefill_weights.get(id(weight)) is weight):
+            spans = self._int_dot_prefill_rows.get(id(weight), [])
+        if spans is None:
             x = quantize_activations(x)
-        # W @ x.T rather than x @ W.T: for a few rows (speculative verification) OpenBLAS then
-        # streams the weight once like a matrix-vector product instead of repacking it first,
-        # 2-3x faster at 2-8 rows and no slower for one row or a long prompt.
-        if weight.dtype == np.float16:
-            y = self._linear_f16(x, weight)
-        else:
-            y = (weight @ x.T).T  # column-major for several rows; the ops after it take any layout
+        y = self._product(x, weight)
+        if spans:
+            xq = quantize_activations(x)
+            for start, end in spans:
+                y[:, start:end] = self._product(xq, weight[start:end])
         if bias is not None:
             y += bias
         if residual is not None:
             y += residual
         return y
+
+    def _product(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """``x @ weight.T``, computed as ``(weight @ x.T).T``: for a few rows (speculative
+        verification) OpenBLAS then streams the weight once like a matrix-vector product instead of
+        repacking it first, 2-3x faster at 2-8 rows and no slower for one row or a long prompt."""
+        if weight.dtype == np.float16:
+            return self._linear_f16(x, weight)
+        return (weight @ x.T).T  # column-major for several rows; the ops after it take any layout
 
     def _linear_f16(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """``(weight @ x.T).T`` for an f16 ``weight``: each tile of its rows widened to float32 in a

@@ -68,6 +68,39 @@ def test_numpy_quantizes_only_one_token_products_by_int_dot_formats():
     np.testing.assert_array_equal(REF.linear(two, q8), FLOAT_REF.linear(two, q8))  # several tokens: float
 
 
+def test_numpy_quantizes_x_for_the_int_dot_parts_of_a_mixed_weight_only():
+    """A weight stacked from a Q4_K part and a Q6_K part (a Q4_K_M q/k with its Q6_K v): the one-token
+    product rounds x for the Q4_K rows and keeps it for the Q6_K rows, as the GPU runs each segment."""
+    rng = np.random.default_rng(2)
+    q4, q6 = random_quant(T.Q4_K, 8, 256, seed=4), random_quant(T.Q6_K, 5, 256, seed=5)
+    mixed = REF.weight([q4, q6], name="qkv.weight")
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    got = REF.linear(x, mixed)
+    want_q4 = FLOAT_REF.linear(quantize_activations(x), FLOAT_REF.weight(q4, name="q.weight"))
+    want_q6 = FLOAT_REF.linear(x, FLOAT_REF.weight(q6, name="v.weight"))
+    np.testing.assert_allclose(got[:, :8], want_q4, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[:, 8:], want_q6, rtol=1e-6, atol=1e-6)
+    # The two differ by far more than that where x is not rounded: the rows did take their own x.
+    assert np.abs(got[:, :8] - FLOAT_REF.linear(x, FLOAT_REF.weight(q4, name="q.weight"))).max() > 1e-4
+    # Several tokens (no prefill rounding asked for): float32 for every row.
+    two = rng.standard_normal((2, 256)).astype(np.float32)
+    np.testing.assert_allclose(REF.linear(two, mixed), FLOAT_REF.linear(two, mixed), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_mixed_format_weight_matches_numpy_segment_by_segment(ops):
+    """The GPU runs the Q4_K segment of a [Q4_K | Q6_K] weight through matvec_dot (x in int8) and
+    the Q6_K one through the float template; numpy's matched reference mirrors that per row."""
+    rng = np.random.default_rng(3)
+    q4, q6 = random_quant(T.Q4_K, 37, 512, seed=6), random_quant(T.Q6_K, 11, 512, seed=7)
+    weight, w = ops.weight([q4, q6], name="mixed"), REF.weight([q4, q6], name="mixed.weight")
+    assert [s.format for s in weight.segments] == ["Q4_K", "Q6_K"]
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    got = ops.read(ops.linear(upload(ops, x), weight))
+    scale = float(np.abs(x).sum() * np.abs(w).max())
+    np.testing.assert_allclose(got, REF.linear(x, w), rtol=1e-4, atol=1e-5 * scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_flag(ops, fmt):
