@@ -117,10 +117,10 @@ def generate_step(
     draw on its device (``samples_ahead``), run ahead instead (`_decode_ahead`): up to
     ``max_tokens`` tokens in all, so a consumer stopping mid-burst (eos, a stop string) leaves
     up to ``2 decode_ahead - 1`` steps computed for nothing (a burst and the next, already
-    submitted), and the cache is then trimmed back to what the step-by-step loop would have fed. ``first_burst``: the steps of the first
-    burst (1: the first token comes as soon as the prefill ends; ``ops.decode_ahead``: full speed
-    from the start, for a caller that wants ``max_tokens`` tokens in any case, as a speculative
-    plain run does).
+    submitted), and the cache is then trimmed back to what the step-by-step loop would have fed.
+    ``first_burst``: the steps of the first burst (1: the first token comes as soon as the
+    prefill ends; ``ops.decode_ahead``: full speed from the start, for a caller that wants
+    ``max_tokens`` tokens in any case, as a speculative plain run does).
     """
     prompt = [int(t) for t in prompt_ids]
     if kv_cache.offset >= len(prompt):
