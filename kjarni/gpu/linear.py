@@ -249,6 +249,10 @@ class Linear:
             raise InvalidConfigurationError(f"linear: {weight.name} has a segment off tensor cores, which f16 activations "
                                             "in and silu(gate) up out need (Linear.swiglu_fusable decides that first)")
         for seg in weight.segments:
+            if glu_out:  # glu_fusable decided it: one token, one f16 segment, matvec_f16
+                pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, glu=True)
+                dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
+                continue
             tc = self.tc_tile(seg, tokens, cols, rows)
             if tc is not None:
                 # Tensor cores: the f16 activations once (matmul_tc_prep.wgsl), then per segment
@@ -288,10 +292,6 @@ class Linear:
                 splits = self.sgmat_splits(tile, seg.rows, tokens, cols, rows)
             else:
                 splits = self.matmul_splits(seg.rows, tokens, cols, flags, rows) if self.uses_matmul(seg, tokens) else 1
-            if glu_out:  # glu_fusable decided it: one token, one f16 segment, matvec_f16
-                pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, glu=True)
-                dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
-                continue
             if splits == 1:
                 pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, attn)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
