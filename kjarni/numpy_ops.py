@@ -153,9 +153,10 @@ class NumpyOps:
     its int-dot parts only, as the GPU runs each part (segment) with its own kernel.
     ``quantized_prefill_min_tokens`` (whatever ``quantize_activations`` says): products of at
     least this many rows by a weight of `INT_DOT_PREFILL_TYPES` (those and Q4_0, Q4_1, Q5_1,
-    Q6_K), with rows of a multiple of 64 values, are rounded too, as the GPU's integer-dot prefill (matmul_dot.tmpl.wgsl,
-    ``GpuTuning.matmul_int_dot``, which needs that width; narrower rows keep the float32 SIMT
-    matmul) does above ``GpuTuning.matvec_max_tokens``; 0, the default: only one-token products.
+    Q6_K), with rows of a multiple of 64 values, are rounded too, as the GPU's integer-dot
+    prefill (matmul_dot.tmpl.wgsl, ``GpuTuning.matmul_int_dot``, which needs that width; narrower
+    rows keep the float32 SIMT matmul) does above ``GpuTuning.matvec_max_tokens``; 0, the
+    default: only one-token products.
     """
 
     name = "cpu"
