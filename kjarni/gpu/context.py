@@ -231,8 +231,7 @@ class WgpuContext:
         self._pass_handle: Any = None
         self._pipeline_in_pass: Any = None
         self._raw = self.runtime.raw_recording if raw_recording else None
-        self._staging: Any = None
-        self._spare_staging: list[Any] = []  # `read_later`'s staging buffers, free again
+        self._spare_staging: list[Any] = []  # staging buffers of `read` / `read_later`, free again
         self._step_values: dict[str, bytes] = {}
         self._step_used: set[str] = set()
         self._step_buffers: dict[str, Any] = {}
@@ -301,8 +300,6 @@ class WgpuContext:
         owned = [*self._created, *self._uniforms.values(), *self._step_buffers.values(), *self._retired]
         owned += [b for free in self._pool.values() for b in free]
         self._retired = []
-        if self._staging is not None:
-            owned.append(self._staging)
         owned += self._spare_staging
         self._spare_staging = []
         self._bind_groups.clear()
@@ -310,7 +307,6 @@ class WgpuContext:
         self._uniforms.clear()
         self._step_buffers.clear()
         self._pool.clear()
-        self._staging = None
         for buffer in {id(b): b for b in owned}.values():
             buffer.destroy()
         if self._query_set is not None:
@@ -553,20 +549,10 @@ class WgpuContext:
 
     def read(self, buffer: Any, offset: int, nbytes: int) -> bytes:
         """Run the recorded work and return ``nbytes`` of ``buffer`` from ``offset`` (one submit)."""
-        size = -(-nbytes // 4) * 4
-        if self._staging is None or self._staging.size < size:
-            staging_size = max(4096, 1 << (size - 1).bit_length())
-            self._staging = self.device.create_buffer(size=staging_size, usage=BU.MAP_READ | BU.COPY_DST, label="staging")
-        self.copy(buffer, offset, self._staging, 0, size)
-        self.flush()
-        self._staging.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            data = bytes(self._staging.read_mapped(0, size, copy=True))
-        finally:
-            self._staging.unmap()
+        data = self._start_read(buffer, offset, nbytes)()
         if self._profile is not None:
             self._resolve_profile()
-        return data[:nbytes]
+        return data
 
     def read_later(self, buffer: Any, offset: int, nbytes: int) -> Callable[[], bytes]:
         """`read` without the wait: copies ``nbytes`` of ``buffer`` from ``offset`` into a staging
@@ -574,13 +560,22 @@ class WgpuContext:
         function waits for the bytes (once; later calls return them again). Work submitted in
         between runs on meanwhile: the map completes with the submit that holds the copy, so the
         device need not go idle while the CPU waits (a greedy loop records its next burst there).
-        While profiling, it reads at once."""
+        While profiling, it reads at once (the timestamps are resolved with the read)."""
         if self._profile is not None:
             data = self.read(buffer, offset, nbytes)
             return lambda: data
+        return self._start_read(buffer, offset, nbytes)
+
+    def _start_read(self, buffer: Any, offset: int, nbytes: int) -> Callable[[], bytes]:
+        """The copy into a staging buffer from the pool (or a new one), submitted and being
+        mapped; the returned function waits for the bytes (`read_later`)."""
         size = -(-nbytes // 4) * 4
         staging = next((b for b in self._spare_staging if b.size >= size), None)
         if staging is None:
+            for small in self._spare_staging:  # outgrown: the pool keeps only buffers as large as the largest read
+                self._created.remove(small)
+                small.destroy()
+            self._spare_staging = []
             staging_size = max(4096, 1 << (size - 1).bit_length())
             staging = self.device.create_buffer(size=staging_size, usage=BU.MAP_READ | BU.COPY_DST, label="staging")
             self._created.append(staging)
