@@ -36,15 +36,7 @@ fn main(
     let c4s = params.cols / 4u;
     let silu = (params.flags & 8u) != 0u;
     let norm = (params.flags & 4u) != 0u;
-    var s = 1.0;
-    if (norm) {
-        var q = 0.0;
-        for (var c = lid; c < c4s; c += WG) {
-            let v = row_value(t, c, c4s, silu);
-            q += dot(v, v);
-        }
-        s = row_scale(q, sg, nsg, lane, params.cols, params.eps);
-    }
+    let s = row_value_scale(t, c4s, silu, norm, lid, sg, nsg, lane);
     let scales = params.tokens * params.cols / 16u + t * (params.cols / 64u);  // this row's (d, d sum q) pairs
     // Every thread of the workgroup takes part in each round's shuffles (cols % 64 == 0 and WG % 8
     // == 0: a block's 8 threads are all in or all out of the row).

@@ -32,15 +32,7 @@ fn main(
     let c4s = params.cols / 4u;
     let silu = (params.flags & 8u) != 0u;
     let norm = (params.flags & 4u) != 0u;
-    var s = 1.0;
-    if (norm) {
-        var q = 0.0;
-        for (var c = lid; c < c4s; c += WG) {
-            let v = row_value(t, c, c4s, silu);
-            q += dot(v, v);
-        }
-        s = row_scale(q, sg, nsg, lane, params.cols, params.eps);
-    }
+    let s = row_value_scale(t, c4s, silu, norm, lid, sg, nsg, lane);
     for (var c = lid; c < c4s; c += WG) {
         a[t * c4s + c] = normed_f16(row_value(t, c, c4s, silu), s, c, norm);
     }
