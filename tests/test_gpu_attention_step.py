@@ -47,7 +47,8 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     return data.reshape(kv_heads, capacity, head_dim).astype(np.float32)
 
 
-@pytest.mark.parametrize("splits,lean", [(1, False), (8, False), (1, True), (8, True)])
+@pytest.mark.parametrize("splits,lean,early", [(1, False, False), (8, False, False), (1, True, False), (8, True, False),
+                                               (1, True, True), (8, True, True), (8, False, True)])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
@@ -60,13 +61,15 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     (4, 2, 64, 64, None, 256, 1030),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt, splits, lean):
+                                                                rotary_dim, window, threads, prompt, splits, lean,
+                                                                early):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_step_threads = ops.tuning.attention_split_threads = threads
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
+    ops.tuning.attention_step_early_k = early
     capacity = prompt + 8
     ops.tuning.attention_step_max = capacity
     rope = _rope(head_dim, rotary_dim, capacity)

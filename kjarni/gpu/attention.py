@@ -351,7 +351,7 @@ class Attention:
         rotary_dim = 0 if rope is None else rope.shape[1]
         splits = self.step_splits(pending.start + 1)
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
-               tuning.attention_step_lean, tuning.attention_step_key_lanes)
+               tuning.attention_step_lean, tuning.attention_step_key_lanes, tuning.attention_step_early_k)
         plan = self.plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -367,9 +367,11 @@ class Attention:
                 threads *= 2
             kl = next(k for k in (8, 4, 2, 1) if k <= tuning.attention_step_key_lanes and (hd // 4) % k == 0) \
                 if ctx.has_subgroups else 1
+            # EARLY holds a key's hd / 4 / KL vec4s a lane in registers: at most KV_MAX (8) of them.
+            early = tuning.attention_step_early_k and hd // 4 // kl <= 8
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
                                     constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
-                                               "LEAN": int(tuning.attention_step_lean)})
+                                               "LEAN": int(tuning.attention_step_lean), "EARLY": int(early)})
             plan = self.plans[key] = (pipeline, params)
         pipeline, params = plan
         if splits > 1:
