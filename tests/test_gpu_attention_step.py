@@ -189,11 +189,13 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
     (14, 2, 64, 896, 32, 40, True), (6, 2, 128, 75, 16, 19, True),
 ])
 @pytest.mark.parametrize("key_lanes", [4, 8])
+@pytest.mark.parametrize("early", [False, True])
 def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
-                                                                   splits, prompt, lean, key_lanes):
+                                                                   splits, prompt, lean, key_lanes, early):
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
-    64 and 128, fewer keys than splits)."""
+    64 and 128, fewer keys than splits; ``early``: the keys and the matvec's first weights loaded
+    ahead, `attention_step_early_k` and `matvec_f16_early`)."""
     from kjarni.gpu import WgpuOps
     from kjarni.gpu.step import AttentionPartials
 
@@ -201,6 +203,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_key_lanes = key_lanes
+    ops.tuning.attention_step_early_k = ops.tuning.matvec_f16_early = early
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")

@@ -49,7 +49,11 @@ def test_every_variant_is_listed_and_rendered():
 
 
 @pytest.mark.gpu
-def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops):
+@pytest.mark.parametrize("early", [False, True])
+def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops, early):
+    """Every variant and flag, with the first trip's weights loaded in the loop or (``early``)
+    before x is staged."""
+    ops.tuning.matvec_f16_early = early
     rng = np.random.default_rng(1)
     for cols in (72, 2056):
         rows = 37
@@ -71,6 +75,7 @@ def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops):
                 np.testing.assert_allclose(ops.read(got), want, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
                                            err_msg=f"f16 {rows}x{cols} config {config} case {i}")
     ops.tuning.matvec_f16_configs = {}
+    ops.tuning.matvec_f16_early = False
 
 
 @pytest.mark.gpu
@@ -118,7 +123,8 @@ def test_the_rules_keep_the_float_template_for_rows_longer_than_4864_columns(ops
 
 
 @pytest.mark.gpu
-def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops, monkeypatch):
+@pytest.mark.parametrize("early", [False, True])
+def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops, monkeypatch, early):
     """One token's SwiGLU MLP (`Linear.record_swiglu`): where gate_up's matvec_f16 has an even
     number of rows a group, its ``glu`` flag writes silu(gate) up (72 output rows: past the end of
     some row sets, grids capped below them) and down reads it plainly; with odd rows, or
@@ -143,6 +149,7 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops,
         return pipeline(kernel, kinds, **kw)
 
     monkeypatch.setattr(ops.context, "pipeline", spy)
+    ops.tuning.matvec_f16_early = early
     try:
         for glu_on in (True, False):
             ops.tuning.matvec_glu = glu_on
@@ -160,3 +167,4 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops,
     finally:
         ops.tuning.matvec_glu = True
         ops.tuning.matvec_f16_configs = {}
+        ops.tuning.matvec_f16_early = False
