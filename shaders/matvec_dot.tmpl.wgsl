@@ -27,6 +27,10 @@
 // Flag `attn` (o_proj after a split attention_step.wgsl): x is that kernel's partials, SPLITS
 // runs per head of HD4 vec4 outputs o_s then (m_s, l_s, 0, 0), and the product reads
 // x[h, :] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s (M = max_s m_s), merged in phase 1.
+// Flag `glu` (a one-token SwiGLU MLP's gate_up, `Linear.glu_fusable`, as matvec_f16.tmpl.wgsl's):
+// the weight is [gate | up] stacked (rows = 2 I), a group's R rows are R / 2 rows of gate and the
+// same rows of up (R even), and lane 0 writes y[row_offset + i] = silu(g_i) u_i for i < I (no bias
+// or residual), so the down projection reads and quantizes a plain x.
 // Grid: up to (min(n, 32768), ceil(n / 32768)) for n row sets; any smaller grid is correct.
 // Needs the device feature "subgroup"; cols a multiple of the format's block and at most 16 XV.
 
@@ -90,6 +94,17 @@ fn x4(c: u32) -> vec4<f32> {
 // #endif
 }
 
+// The weight row loaded as row i of a group whose first output row is row0 (clamped to the last
+// row, of its half with glu; rg output rows a group).
+fn weight_row(row0: u32, i: u32, rg: u32) -> u32 {
+// #if glu
+    let half = params.rows / 2u;
+    return min(row0 + i % rg, half - 1u) + (i / rg) * half;
+// #else
+    return min(row0 + i, params.rows - 1u);
+// #endif
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -148,17 +163,23 @@ fn main(
     let group = lid / LANES;
     let lane = lid % LANES;
     let chunks = params.cols / CHUNK;
-    let last = params.rows - 1u;
-    let sets = (params.rows + R * groups - 1u) / (R * groups);
+// #if glu
+    let rg = R / 2u;  // output rows a group: of gate, then the same of up
+    let out_rows = params.rows / 2u;
+// #else
+    let rg = R;
+    let out_rows = params.rows;
+// #endif
+    let sets = (out_rows + rg * groups - 1u) / (rg * groups);
     let spans = LANES > sg_size;  // a row group spans LANES / sg_size subgroups
     let width = min(LANES, sg_size);
     var parity = 0u;
     for (var rs = wid.x + wid.y * nwg.x; rs < sets; rs += nwg.x * nwg.y) {
-        let row0 = (rs * groups + group) * R;
-        let r0 = min(row0, last);
-        let r1 = min(row0 + 1u, last);
-        let r2 = min(row0 + 2u, last);
-        let r3 = min(row0 + 3u, last);
+        let row0 = (rs * groups + group) * rg;
+        let r0 = weight_row(row0, 0u, rg);
+        let r1 = weight_row(row0, 1u, rg);
+        let r2 = weight_row(row0, 2u, rg);
+        let r3 = weight_row(row0, 3u, rg);
         var s = vec4<f32>(0.0);
         for (var c = lane; c < chunks; c += UN * LANES) {
             let xa = x_chunk(c);
@@ -203,6 +224,14 @@ fn main(
             parity ^= 1u;
         }
         if (lane == 0u) {
+// #if glu
+            for (var i = 0u; i < rg; i++) {
+                if (row0 + i < out_rows) {
+                    let g = s[i] * scale;
+                    y[params.row_offset + row0 + i] = g / (1.0 + exp(-g)) * (s[i + rg] * scale);
+                }
+            }
+// #else
             for (var i = 0u; i < R; i++) {
                 let row = row0 + i;
                 if (row < params.rows) {
@@ -217,6 +246,7 @@ fn main(
                     y[out] = v;
                 }
             }
+// #endif
         }
     }
 }

@@ -59,7 +59,7 @@ class Linear:
                norm_weight: GpuWeight | None, eps: float, silu_out: bool = False, glu_out: bool = False) -> GpuTensor:
         """Records the product; ``silu_out`` (from `record_swiglu` only): ``weight`` is [gate | up]
         and the result is silu(gate) up as `F16Activations` (matmul_tc's silu flag); ``glu_out``
-        (likewise): the same in float32 from one token's matvec_f16 (its ``glu`` flag)."""
+        (likewise): the same in float32 from one token's matvec_f16 or matvec_dot (their ``glu`` flag)."""
         ctx = self.context
         tokens = x.shape[0]
         if (type(x) is ReducePending and x.pending and norm_weight is not None and self.tuning.tc_reduce_prep
@@ -158,8 +158,8 @@ class Linear:
     def record_swiglu(self, x: GpuTensor, norm_weight: GpuWeight, eps: float, gate_up: GpuWeight, down: GpuWeight,
                       residual: GpuTensor | None) -> GpuTensor | None:
         """``down(silu_mul(gate_up(rms_norm(x)))) + residual`` with the silu_mul in gate_up's
-        epilogue: its tensor-core matmul's (`swiglu_fusable`) or one token's matvec_f16
-        (`glu_fusable`); None where neither applies (the caller composes it)."""
+        epilogue: its tensor-core matmul's (`swiglu_fusable`) or one token's matvec_f16 or
+        matvec_dot (`glu_fusable`); None where neither applies (the caller composes it)."""
         if self.glu_fusable(x.shape[0], x.shape[1], gate_up, down):
             h = self.record(x, gate_up, None, None, norm_weight, eps, glu_out=True)
         elif self.swiglu_fusable(x.shape[0], x.shape[1], gate_up, down):
@@ -169,15 +169,16 @@ class Linear:
         return self.record(h, down, None, residual, None, 0.0)
 
     def glu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
-        """Whether a one-token `record_swiglu` writes silu(gate) up from gate_up's matvec_f16
-        (``matvec_glu`` on, gate_up one f16 segment of ``cols`` columns that matvec_f16 runs on an
-        even number of rows a group, down of rows / 2 columns)."""
+        """Whether a one-token `record_swiglu` writes silu(gate) up from gate_up's matvec_f16 or
+        matvec_dot (``matvec_glu`` on, gate_up one segment of ``cols`` columns that one of them
+        runs on an even number of rows a group, down of rows / 2 columns)."""
         if tokens != 1 or not self.tuning.matvec_glu or gate_up.kind != "matrix" or down.kind != "matrix":
             return False
         rows = gate_up.shape[0]
         if len(gate_up.segments) != 1 or gate_up.shape[1] != cols or rows % 2 or down.shape[1] != rows // 2:
             return False
-        config = self.matvec_f16_config(gate_up.segments[0].format, rows, cols)
+        fmt = gate_up.segments[0].format
+        config = self.matvec_f16_config(fmt, rows, cols) or self.matvec_dot_config(fmt, rows, cols)
         return config is not None and config[2] % 2 == 0
 
     def swiglu_fusable(self, tokens: int, cols: int, gate_up: GpuWeight, down: GpuWeight) -> bool:
@@ -249,7 +250,7 @@ class Linear:
             raise InvalidConfigurationError(f"linear: {weight.name} has a segment off tensor cores, which f16 activations "
                                             "in and silu(gate) up out need (Linear.swiglu_fusable decides that first)")
         for seg in weight.segments:
-            if glu_out:  # glu_fusable decided it: one token, one f16 segment, matvec_f16
+            if glu_out:  # glu_fusable decided it: one token, one segment, matvec_f16 or matvec_dot
                 pipeline, params, grid = self.segment_kernel(seg, cols, rows, tokens, flags, eps, glu=True)
                 dispatches.append((pipeline, params, grid, seg.w_a, seg.w_b, "out"))
                 continue
@@ -326,7 +327,7 @@ class Linear:
                        attn: tuple[int, int] | None = None, glu: bool = False) -> tuple[Any, Any, tuple[int, int, int]]:
         """(pipeline, params, grid) of the one dispatch that multiplies ``tokens`` rows of x by
         segment ``seg`` (writing rows ``seg.row_offset ..`` of a y of ``rows`` columns; ``glu``:
-        one token's matvec_f16 writing silu(gate) up, ``rows / 2`` columns)."""
+        one token's matvec_f16 or matvec_dot writing silu(gate) up, ``rows / 2`` columns)."""
         from kjarni.gpu import quant
 
         ctx, tuning = self.context, self.tuning
@@ -374,7 +375,7 @@ class Linear:
             # One token, Q8_0 / Q5_0 / Q4_K: matvec_dot.tmpl.wgsl, x quantized to int8 per workgroup.
             threads, lanes, r, un, cap = dot
             fmt = seg.format
-            variant = frozenset({"idot", "attn"}) if attn else frozenset({"idot"})
+            variant = frozenset({"idot", "attn"}) if attn else frozenset({"idot", "glu"}) if glu else frozenset({"idot"})
 
             def source_dot() -> str:
                 return kernels.template("matvec_dot", fmt, variant)
