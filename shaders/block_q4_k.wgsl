@@ -71,10 +71,21 @@ fn x_chunk(c: u32) -> XC {
     return XC(xq[v], xq[v + 2u], d_lo, d_hi, d_lo * f32(xs[v]), d_hi * f32(xs[v + 2u]));
 }
 
-fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+// Chunk c of a row as loaded (fetch_chunk), then times x (dot_raw): apart, so that matvec_dot
+// issues a trip's loads before any is used (and with EARLY, the first trip's before phase 1).
+struct ChunkRaw {
+    q: vec4<u32>,
+    sb: vec4<u32>,  // the super-block's d, dmin and packed scales
+}
+
+fn fetch_chunk(row: u32, c: u32) -> ChunkRaw {
     let nb = params.cols / 256u;
-    let q = w_a[row * (nb * 8u) + c];
-    let sb = w_b[row * nb + c / 8u];
+    return ChunkRaw(w_a[row * (nb * 8u) + c], w_b[row * nb + c / 8u]);
+}
+
+fn dot_raw(r: ChunkRaw, c: u32, xc: XC) -> f32 {
+    let q = r.q;
+    let sb = r.sb;
     // The 6-bit (sc, m) of sub-blocks 2 j and 2 j + 1, two bytes each (GGUF get_scale_min_k4).
     let j = (c % 8u) / 2u;
     let sh = 16u * (j & 1u);

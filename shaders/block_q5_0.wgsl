@@ -59,12 +59,25 @@ fn x_chunk(c: u32) -> XC {
     return XC(xq[2u * c], xq[2u * c + 1u], d, d * f32(xs[2u * c] + xs[2u * c + 1u]));
 }
 
-fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+// Chunk c of a row as loaded (fetch_chunk), then times x (dot_raw): apart, so that matvec_dot
+// issues a trip's loads before any is used (and with EARLY, the first trip's before phase 1).
+struct ChunkRaw {
+    q: vec4<u32>,
+    qh: u32,
+    dw: u32,  // the word holding the block's f16 scale
+}
+
+fn fetch_chunk(row: u32, c: u32) -> ChunkRaw {
     let nb = params.cols / 32u;
     let base = row * (nb * 5u) + c * 5u;
-    let q = vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]);
-    let qh = w_a[base + 4u];
-    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + c / 2u])[c & 1u];
+    return ChunkRaw(vec4<u32>(w_a[base], w_a[base + 1u], w_a[base + 2u], w_a[base + 3u]), w_a[base + 4u],
+                    w_b[row * ((nb + 1u) / 2u) + c / 2u]);
+}
+
+fn dot_raw(r: ChunkRaw, c: u32, xc: XC) -> f32 {
+    let q = r.q;
+    let qh = r.qh;
+    let d = unpack2x16float(r.dw)[c & 1u];
     let m4 = vec4<u32>(0x0F0F0F0Fu);
     let lo = (q & m4) | vec4<u32>(fifth_bits(qh), fifth_bits(qh >> 4u), fifth_bits(qh >> 8u), fifth_bits(qh >> 12u));
     let hi = ((q >> vec4<u32>(4u)) & m4)

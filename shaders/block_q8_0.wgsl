@@ -41,11 +41,23 @@ fn x_chunk(c: u32) -> XC {
     return XC(xq[2u * c], xq[2u * c + 1u], xd[c]);
 }
 
-fn dot_chunk(row: u32, c: u32, xc: XC) -> f32 {
+// Chunk c of a row as loaded (fetch_chunk), then times x (dot_raw): apart, so that matvec_dot
+// issues a trip's loads before any is used (and with EARLY, the first trip's before phase 1).
+struct ChunkRaw {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    dw: u32,  // the word holding the block's f16 scale
+}
+
+fn fetch_chunk(row: u32, c: u32) -> ChunkRaw {
     let nb = params.cols / 32u;
-    let a = w_a[row * (nb * 2u) + 2u * c];
-    let b = w_a[row * (nb * 2u) + 2u * c + 1u];
-    let d = unpack2x16float(w_b[row * ((nb + 1u) / 2u) + c / 2u])[c & 1u];
+    return ChunkRaw(w_a[row * (nb * 2u) + 2u * c], w_a[row * (nb * 2u) + 2u * c + 1u], w_b[row * ((nb + 1u) / 2u) + c / 2u]);
+}
+
+fn dot_raw(r: ChunkRaw, c: u32, xc: XC) -> f32 {
+    let a = r.a;
+    let b = r.b;
+    let d = unpack2x16float(r.dw)[c & 1u];
     let i = dot4I8Packed(a.x, xc.a.x) + dot4I8Packed(a.y, xc.a.y) + dot4I8Packed(a.z, xc.a.z) + dot4I8Packed(a.w, xc.a.w)
           + dot4I8Packed(b.x, xc.b.x) + dot4I8Packed(b.y, xc.b.y) + dot4I8Packed(b.z, xc.b.z) + dot4I8Packed(b.w, xc.b.w);
     return d * xc.d * f32(i);

@@ -3,8 +3,8 @@
 // kjarni/gpu/kernels.py renders it per format (`kernels.template("matvec_dot", format, {"idot"})`):
 // {{BLOCK}} is the format's block decoder rendered with flag `idot` (block_<format>.wgsl), which
 // declares w_a / w_b and defines CHUNK (32: values per chunk), struct XC, x_chunk(c) (chunk c of
-// the quantized x, read from the workgroup arrays below) and dot_chunk(row, c, xc) (chunk c of
-// the row times it, with dot4I8Packed).
+// the quantized x, read from the workgroup arrays below), fetch_chunk(row, c) -> ChunkRaw (the
+// loads of chunk c of the row) and dot_raw(raw, c, xc) (that chunk times it, with dot4I8Packed).
 //
 // y[row_offset + r] = s sum_c x8[c] W[r, c] (+ bias[row_offset + r]) (+ residual[row_offset + r]),
 // v = x (silu(gate) * up with flags bit 3; times norm_weight with flags bit 2), x8 = v quantized
@@ -31,6 +31,9 @@
 // the weight is [gate | up] stacked (rows = 2 I), a group's R rows are R / 2 rows of gate and the
 // same rows of up (R even), and lane 0 writes y[row_offset + i] = silu(g_i) u_i for i < I (no bias
 // or residual), so the down projection reads and quantizes a plain x.
+// EARLY (override, GpuTuning.matvec_dot_early): a thread fetches its first row set's first trip of
+// weights before phase 1, so their latency overlaps the quantization of x (a load cannot move
+// past phase 1's barrier); that trip is then summed from those registers, in the same order.
 // Grid: up to (min(n, 32768), ceil(n / 32768)) for n row sets; any smaller grid is correct.
 // Needs the device feature "subgroup"; cols a multiple of the format's block and at most 16 XV.
 
@@ -48,6 +51,7 @@ override LANES: u32 = 16u;
 override R: u32 = 2u;
 override UN: u32 = 1u;
 override XV: u32 = 64u;  // capacity of xq in vec4s: cols / 16 or more
+override EARLY: bool = false;
 // (Every override is declared before the arrays sized by XV: naga 29 panics otherwise.)
 // #if attn
 override SPLITS: u32 = 8u;
@@ -105,6 +109,83 @@ fn weight_row(row0: u32, i: u32, rg: u32) -> u32 {
 // #endif
 }
 
+// One trip's weights as loaded: chunk c (a) and the second chunk cb (b) of rows r0 .. r3 (those
+// past R, and b past UN, left unloaded).
+struct Trip {
+    a0: ChunkRaw,
+    a1: ChunkRaw,
+    a2: ChunkRaw,
+    a3: ChunkRaw,
+    b0: ChunkRaw,
+    b1: ChunkRaw,
+    b2: ChunkRaw,
+    b3: ChunkRaw,
+}
+
+// The second chunk of the trip at c: c + LANES, or c itself past the row (a clamped duplicate,
+// loaded and not added).
+fn second_chunk(c: u32, chunks: u32) -> u32 {
+    return select(c, c + LANES, c + LANES < chunks);
+}
+
+fn fetch_trip(c: u32, r: vec4<u32>, chunks: u32) -> Trip {
+    var t: Trip;
+    t.a0 = fetch_chunk(r.x, c);
+    if (R > 1u) {
+        t.a1 = fetch_chunk(r.y, c);
+    }
+    if (R > 2u) {
+        t.a2 = fetch_chunk(r.z, c);
+        t.a3 = fetch_chunk(r.w, c);
+    }
+    if (UN > 1u) {
+        let cb = second_chunk(c, chunks);
+        t.b0 = fetch_chunk(r.x, cb);
+        if (R > 1u) {
+            t.b1 = fetch_chunk(r.y, cb);
+        }
+        if (R > 2u) {
+            t.b2 = fetch_chunk(r.z, cb);
+            t.b3 = fetch_chunk(r.w, cb);
+        }
+    }
+    return t;
+}
+
+// The trip's sums for the R rows.
+fn trip_sum(c: u32, t: Trip, chunks: u32) -> vec4<f32> {
+    let xa = x_chunk(c);
+    var s = vec4<f32>(dot_raw(t.a0, c, xa), 0.0, 0.0, 0.0);
+    if (R > 1u) {
+        s.y = dot_raw(t.a1, c, xa);
+    }
+    if (R > 2u) {
+        s.z = dot_raw(t.a2, c, xa);
+        s.w = dot_raw(t.a3, c, xa);
+    }
+    if (UN > 1u) {
+        let second = c + LANES < chunks;
+        let cb = second_chunk(c, chunks);
+        let xb = x_chunk(cb);
+        var u = vec4<f32>(dot_raw(t.b0, cb, xb), 0.0, 0.0, 0.0);
+        if (R > 1u) {
+            u.y = dot_raw(t.b1, cb, xb);
+        }
+        if (R > 2u) {
+            u.z = dot_raw(t.b2, cb, xb);
+            u.w = dot_raw(t.b3, cb, xb);
+        }
+        s += select(vec4<f32>(0.0), u, second);
+    }
+    return s;
+}
+
+// Rows r0 .. r3 a group whose first output row is row0 loads (weight_row).
+fn group_rows(row0: u32, rg: u32) -> vec4<u32> {
+    return vec4<u32>(weight_row(row0, 0u, rg), weight_row(row0, 1u, rg), weight_row(row0, 2u, rg),
+                     weight_row(row0, 3u, rg));
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -115,6 +196,26 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 ) {
     let norm = (params.flags & 4u) != 0u;
+    let groups = WG / LANES;
+    let group = lid / LANES;
+    let lane = lid % LANES;
+    let chunks = params.cols / CHUNK;
+// #if glu
+    let rg = R / 2u;  // output rows a group: of gate, then the same of up
+    let out_rows = params.rows / 2u;
+// #else
+    let rg = R;
+    let out_rows = params.rows;
+// #endif
+    let sets = (out_rows + rg * groups - 1u) / (rg * groups);
+    // EARLY: the first row set's first trip (a clamped chunk where the lane has none: in range,
+    // unused unless `peel`), fetched before x is quantized.
+    let rs0 = wid.x + wid.y * nwg.x;
+    let peel = EARLY && rs0 < sets && lane < chunks;
+    var first: Trip;
+    if (EARLY) {
+        first = fetch_trip(min(lane, chunks - 1u), group_rows((rs0 * groups + group) * rg, rg), chunks);
+    }
     // Phase 1: quantize x into workgroup memory.
     let nv4 = params.cols / 4u;
     var ss = 0.0;
@@ -159,53 +260,20 @@ fn main(
     }
 
     // Phase 2: the rows.
-    let groups = WG / LANES;
-    let group = lid / LANES;
-    let lane = lid % LANES;
-    let chunks = params.cols / CHUNK;
-// #if glu
-    let rg = R / 2u;  // output rows a group: of gate, then the same of up
-    let out_rows = params.rows / 2u;
-// #else
-    let rg = R;
-    let out_rows = params.rows;
-// #endif
-    let sets = (out_rows + rg * groups - 1u) / (rg * groups);
     let spans = LANES > sg_size;  // a row group spans LANES / sg_size subgroups
     let width = min(LANES, sg_size);
     var parity = 0u;
-    for (var rs = wid.x + wid.y * nwg.x; rs < sets; rs += nwg.x * nwg.y) {
+    for (var rs = rs0; rs < sets; rs += nwg.x * nwg.y) {
         let row0 = (rs * groups + group) * rg;
-        let r0 = weight_row(row0, 0u, rg);
-        let r1 = weight_row(row0, 1u, rg);
-        let r2 = weight_row(row0, 2u, rg);
-        let r3 = weight_row(row0, 3u, rg);
+        let rows = group_rows(row0, rg);
         var s = vec4<f32>(0.0);
-        for (var c = lane; c < chunks; c += UN * LANES) {
-            let xa = x_chunk(c);
-            var t = vec4<f32>(dot_chunk(r0, c, xa), 0.0, 0.0, 0.0);
-            if (R > 1u) {
-                t.y = dot_chunk(r1, c, xa);
-            }
-            if (R > 2u) {
-                t.z = dot_chunk(r2, c, xa);
-                t.w = dot_chunk(r3, c, xa);
-            }
-            if (UN > 1u) {
-                let second = c + LANES < chunks;
-                let cb = select(c, c + LANES, second);  // a clamped duplicate is loaded but not added
-                let xb = x_chunk(cb);
-                var u = vec4<f32>(dot_chunk(r0, cb, xb), 0.0, 0.0, 0.0);
-                if (R > 1u) {
-                    u.y = dot_chunk(r1, cb, xb);
-                }
-                if (R > 2u) {
-                    u.z = dot_chunk(r2, cb, xb);
-                    u.w = dot_chunk(r3, cb, xb);
-                }
-                t += select(vec4<f32>(0.0), u, second);
-            }
-            s += t;
+        var c = lane;
+        if (peel && rs == rs0) {  // the first trip, fetched before phase 1
+            s += trip_sum(c, first, chunks);
+            c += UN * LANES;
+        }
+        for (; c < chunks; c += UN * LANES) {
+            s += trip_sum(c, fetch_trip(c, rows, chunks), chunks);
         }
         for (var m = 1u; m < width; m <<= 1u) {
             s += subgroupShuffleXor(s, m);

@@ -195,7 +195,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
     64 and 128, fewer keys than splits; ``early``: the keys and the matvec's first weights loaded
-    ahead, `attention_step_early_k` and `matvec_f16_early`)."""
+    ahead, `attention_step_early_k`, `matvec_f16_early` and `matvec_dot_early`)."""
     from kjarni.gpu import WgpuOps
     from kjarni.gpu.step import AttentionPartials
 
@@ -203,7 +203,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_key_lanes = key_lanes
-    ops.tuning.attention_step_early_k = ops.tuning.matvec_f16_early = early
+    ops.tuning.attention_step_early_k = ops.tuning.matvec_f16_early = ops.tuning.matvec_dot_early = early
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")

@@ -102,8 +102,12 @@ def test_a_mixed_format_weight_matches_numpy_segment_by_segment(ops):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_flag(ops, fmt):
+def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_flag(ops, fmt, early):
+    """Every configuration and flag, the first trip's weights fetched in the loop or (``early``)
+    before x is quantized."""
+    ops.tuning.matvec_dot_early = early
     rng = np.random.default_rng(1)
     for cols in cols_for(fmt):
         rows = 37
@@ -131,6 +135,7 @@ def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_fl
                 # Quantizing x moves y by at most sum |w| max|v| / 254 per block: well under 1%.
                 assert np.abs(got - exact).max() <= 0.01 * max(scale, 1.0), f"{fmt} config {config} case {i}"
     ops.tuning.matvec_dot_configs = {}
+    ops.tuning.matvec_dot_early = False
 
 
 @pytest.mark.gpu
@@ -146,8 +151,9 @@ def test_matvec_dot_off_runs_the_float_template(ops):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_rows(ops, monkeypatch, fmt):
+def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_rows(ops, monkeypatch, fmt, early):
     """One token's SwiGLU MLP with quantized weights (`Linear.record_swiglu`): where gate_up's
     matvec_dot has an even number of rows a group, its ``glu`` flag writes silu(gate) up (the last
     row set partly past the end in one configuration, a grid capped below the row sets in two) and down quantizes that plain x;
@@ -174,6 +180,7 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_row
         return pipeline(kernel, kinds, **kw)
 
     monkeypatch.setattr(ops.context, "pipeline", spy)
+    ops.tuning.matvec_dot_early = early
     try:
         for glu_on in (True, False):
             ops.tuning.matvec_glu = glu_on
@@ -190,3 +197,4 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_row
     finally:
         ops.tuning.matvec_glu = True
         ops.tuning.matvec_dot_configs = {}
+        ops.tuning.matvec_dot_early = False
