@@ -85,6 +85,42 @@ def flag_inputs(ops, rng, rows: int, cols: int):
     return bias, bvec, norm, nw, x, gate_up, res
 
 
+def check_swiglu_glu(ops, monkeypatch, ref, mlp, configure, configs, kernel_name) -> None:
+    """Runs one token's SwiGLU MLP (`Linear.record_swiglu`) through every configuration, with
+    ``matvec_glu`` on and off, and checks that gate_up's kernel took its ``glu`` flag exactly where
+    the configuration has an even number of rows a group (R, ``config[2]``) and that the result is
+    ``ref``'s MLP. ``mlp``: (gate_up, down on the GPU, their values gu, dw as ``ref`` holds them,
+    the norm weight nw and its GPU copy, x, residual); ``configure(config)`` sets gate_up's
+    configuration; ``kernel_name(config)``: the pipeline gate_up must request."""
+    gate_up, down, gu, dw, nw, norm, x, res = mlp
+    want = ref.swiglu_mlp(x, nw, 1e-5, gu, dw, residual=res)
+    h = ref.silu_mul(ref.norm_linear(x, nw, 1e-5, gu))
+    scale = float(np.abs(h).sum() * np.abs(dw).max())  # a bound on |down's product|
+    requested = []
+    pipeline = ops.context.pipeline
+
+    def spy(kernel, kinds, **kw):
+        requested.append((kernel, "glu" in kw.get("flags", ())))
+        return pipeline(kernel, kinds, **kw)
+
+    monkeypatch.setattr(ops.context, "pipeline", spy)
+    try:
+        for glu_on in (True, False):
+            ops.tuning.matvec_glu = glu_on
+            for config in configs:
+                configure(config)
+                gate_up.plans.clear()
+                down.plans.clear()
+                requested.clear()
+                got = ops.read(ops.swiglu_mlp(upload(ops, x), norm, 1e-5, gate_up, down, residual=upload(ops, res)))
+                glu = glu_on and config[2] % 2 == 0
+                assert (kernel_name(config), glu) in requested, (config, requested)
+                assert not any(flag for _, flag in requested) or glu
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0), err_msg=f"{config} glu {glu}")
+    finally:
+        ops.tuning.matvec_glu = True
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matvec_template_matches_numpy_in_every_configuration_and_flag(ops, fmt):

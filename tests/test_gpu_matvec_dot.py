@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kjarni.numpy_ops import NumpyOps, quantize_activations
-from tests.test_gpu_matvec import flag_inputs, kernel_of, upload
+from tests.test_gpu_matvec import check_swiglu_glu, flag_inputs, kernel_of, upload
 from tests.test_gpu_quant import random_quant
 
 T = gguf.GGMLQuantizationType
@@ -156,9 +156,10 @@ def test_matvec_dot_off_runs_the_float_template(ops):
 def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_rows(ops, monkeypatch, fmt, early):
     """One token's SwiGLU MLP with quantized weights (`Linear.record_swiglu`): where gate_up's
     matvec_dot has an even number of rows a group, its ``glu`` flag writes silu(gate) up (the last
-    row set partly past the end in one configuration, a grid capped below the row sets in two) and down quantizes that plain x;
-    with odd rows, or ``matvec_glu`` off, gate_up writes [gate | up] and down applies the silu.
-    Both match numpy's MLP with x rounded to int8 as the kernels round it."""
+    row set partly past the end in one configuration, a grid capped below the row sets in two)
+    and down quantizes that plain x; with odd rows, or ``matvec_glu`` off, gate_up writes
+    [gate | up] and down applies the silu. Both match numpy's MLP with x rounded to int8 as the
+    kernels round it."""
     hidden, inter = (256, 512) if fmt == "Q4_K" else (96, 160)
     rng = np.random.default_rng(12)
     gu_q, dw_q = random_quant(T[fmt], 2 * inter, hidden, seed=13), random_quant(T[fmt], hidden, inter, seed=14)
@@ -169,32 +170,14 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_row
     norm = ops.weight(nw, name="nw")
     x = rng.standard_normal((1, hidden)).astype(np.float32)
     res = rng.standard_normal((1, hidden)).astype(np.float32)
-    want = REF.swiglu_mlp(x, nw, 1e-5, gu, dw, residual=res)
-    h = REF.silu_mul(REF.norm_linear(x, nw, 1e-5, gu))
-    scale = float(np.abs(h).sum() * np.abs(dw).max())  # a bound on |down's product|
-    requested = []
-    pipeline = ops.context.pipeline
+    mlp = (gate_up, down, gu, dw, nw, norm, x, res)
 
-    def spy(kernel, kinds, **kw):
-        requested.append((kernel, "glu" in kw.get("flags", ())))
-        return pipeline(kernel, kinds, **kw)
+    def configure(config):
+        ops.tuning.matvec_dot_configs = {(fmt, 2 * inter, hidden): config}
 
-    monkeypatch.setattr(ops.context, "pipeline", spy)
     ops.tuning.matvec_dot_early = early
-    try:
-        for glu_on in (True, False):
-            ops.tuning.matvec_glu = glu_on
-            for config in CONFIGS + [(96, 32, 4, 1, 0)]:  # 3 groups: the last row set only partly filled
-                ops.tuning.matvec_dot_configs = {(fmt, 2 * inter, hidden): config}
-                gate_up.plans.clear()
-                down.plans.clear()
-                requested.clear()
-                got = ops.read(ops.swiglu_mlp(upload(ops, x), norm, 1e-5, gate_up, down, residual=upload(ops, res)))
-                glu = glu_on and config[2] % 2 == 0
-                assert (f"matvec_dot.{fmt}", glu) in requested, (config, requested)
-                assert not any(flag for _, flag in requested) or glu
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0), err_msg=f"{config} glu {glu}")
+    try:  # the last configuration's 3 groups leave the last row set partly filled
+        check_swiglu_glu(ops, monkeypatch, REF, mlp, configure, CONFIGS + [(96, 32, 4, 1, 0)], lambda config: f"matvec_dot.{fmt}")
     finally:
-        ops.tuning.matvec_glu = True
         ops.tuning.matvec_dot_configs = {}
         ops.tuning.matvec_dot_early = False

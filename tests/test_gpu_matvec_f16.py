@@ -17,7 +17,7 @@ import pytest
 
 from kjarni.gpu import kernels
 from kjarni.numpy_ops import NumpyOps
-from tests.test_gpu_matvec import flag_inputs, kernel_of, make_weight, upload
+from tests.test_gpu_matvec import check_swiglu_glu, flag_inputs, kernel_of, make_weight, upload
 
 # (WG, LANES, R, UN, workgroups at most): each (R, UN) variant once, lanes 4 .. 256, caps 0, 1, 2 (below
 # the row sets) and 3 (above).
@@ -135,36 +135,17 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops,
     gate_up, gu = make_weight(ops, "f16", 2 * inter, hidden, seed=10)
     down, dw = make_weight(ops, "f16", hidden, inter, seed=11)
     nw = (1 + 0.2 * rng.standard_normal(hidden)).astype(np.float32)
-    norm = ops.weight(nw, name="nw")
     x = rng.standard_normal((1, hidden)).astype(np.float32)
     res = rng.standard_normal((1, hidden)).astype(np.float32)
-    want = REF.swiglu_mlp(x, nw, 1e-5, gu, dw, residual=res)
-    h = REF.silu_mul(REF.norm_linear(x, nw, 1e-5, gu))
-    scale = float(np.abs(h).sum() * np.abs(dw).max())  # a bound on |down's product|
-    requested = []
-    pipeline = ops.context.pipeline
+    mlp = (gate_up, down, gu, dw, nw, ops.weight(nw, name="nw"), x, res)
 
-    def spy(kernel, kinds, **kw):
-        requested.append((kernel, "glu" in kw.get("flags", ())))
-        return pipeline(kernel, kinds, **kw)
+    def configure(config):
+        ops.tuning.matvec_f16_configs = {(2 * inter, hidden): config}
 
-    monkeypatch.setattr(ops.context, "pipeline", spy)
     ops.tuning.matvec_f16_early = early
     try:
-        for glu_on in (True, False):
-            ops.tuning.matvec_glu = glu_on
-            for config in CONFIGS:
-                ops.tuning.matvec_f16_configs = {(2 * inter, hidden): config}
-                gate_up.plans.clear()
-                down.plans.clear()
-                requested.clear()
-                got = ops.read(ops.swiglu_mlp(upload(ops, x), norm, 1e-5, gate_up, down, residual=upload(ops, res)))
-                glu = glu_on and config[2] % 2 == 0
-                name = f"matvec_f16.{kernels.matvec_f16_variant(*config[2:4])}"
-                assert (name, glu) in requested, (config, requested)
-                assert not any(flag for _, flag in requested) or glu
-                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0), err_msg=f"{config} glu {glu}")
+        check_swiglu_glu(ops, monkeypatch, REF, mlp, configure, CONFIGS,
+                         lambda config: f"matvec_f16.{kernels.matvec_f16_variant(*config[2:4])}")
     finally:
-        ops.tuning.matvec_glu = True
         ops.tuning.matvec_f16_configs = {}
         ops.tuning.matvec_f16_early = False
