@@ -7,7 +7,8 @@ template's tests; a second check bounds the distance to the float32 reference (t
 cost of quantizing x). Rows are odd (not a multiple of any row set), every configuration family
 runs (groups narrower than, as wide as and wider than lavapipe's 8-lane subgroups, 1, 2 and 4 rows,
 1 and 2 chunks a trip, grids capped below the row sets), with every flag (bias, residual, fused
-norm, silu(gate) * up) and the merge of split attention partials.
+norm, silu(gate) * up) and the merge of split attention partials, the first trip fetched in the
+loop or before x is quantized (EARLY); and a SwiGLU MLP whose gate_up writes silu(gate) up (glu).
 """
 
 from __future__ import annotations
