@@ -257,7 +257,7 @@ class TokenRing:
         """`read`, started now and waited for by the returned function (`WgpuContext.read_later`);
         where the ring wrapped between the handles, read now."""
         counts, offsets = [len(h) for h in handles], [h.ring_offset for h in handles]
-        if not handles or any(offsets[i + 1] != offsets[i] + 8 * counts[i] for i in range(len(handles) - 1)):
+        if not handles or not _adjacent(counts, offsets):
             ids = self.read(handles)
             return lambda: ids
         wait = self.context.read_later(self.buffer, offsets[0], 8 * sum(counts))
@@ -270,11 +270,16 @@ class TokenRing:
         ring, counts = self.buffer, [len(h) for h in handles]
         offsets = [h.ring_offset for h in handles]
         read = self.context.read
-        if all(offsets[i + 1] == offsets[i] + 8 * counts[i] for i in range(len(handles) - 1)):
+        if _adjacent(counts, offsets):
             data = read(ring, offsets[0], 8 * sum(counts))
         else:  # the ring wrapped between them
             data = b"".join(read(ring, offset, 8 * count) for offset, count in zip(offsets, counts))
         return gpu_sampling.decode_ring(np.frombuffer(data, dtype=np.uint32), counts)
+
+
+def _adjacent(counts: list[int], offsets: list[int]) -> bool:
+    """Whether handles of ``counts`` ids at ring ``offsets`` lie back to back (the ring did not wrap)."""
+    return all(offsets[i + 1] == offsets[i] + 8 * counts[i] for i in range(len(offsets) - 1))
 
 
 def new_tensor(context: WgpuContext, tokens: int, features: int) -> GpuTensor:
