@@ -176,14 +176,17 @@ def _decode_ahead(
         draw = spare.popleft() if spare else float(rng.random())
         return ops.sample_ahead(step_logits, sampler, draw), step_logits, draw
 
-    def run_ahead(steps: list, size: int) -> None:
-        """Records (and submits) steps onto ``steps`` while it holds fewer than ``size`` and each
-        is sure to be wanted."""
+    def step_onto(steps: list) -> None:
+        """Records (and submits) the next step onto ``steps``."""
         nonlocal last, chosen
+        steps.append(choose(model.forward(last, kv_cache)))
+        last = steps[-1][0]
+        chosen += 1
+
+    def run_ahead(steps: list, size: int) -> None:
+        """`step_onto` while ``steps`` holds fewer than ``size`` and each step is sure to be wanted."""
         while len(steps) < size and (max_tokens is None or chosen < max_tokens) and kv_cache.offset < kv_cache.capacity:
-            steps.append(choose(model.forward(last, kv_cache)))
-            last = steps[-1][0]
-            chosen += 1
+            step_onto(steps)
 
     pending = [choose(logits)]  # steps recorded and not yet read back, oldest first
     last, chosen, produced, burst = pending[0][0], 1, 0, max(min(first_burst, ops.decode_ahead), 1)
@@ -192,9 +195,7 @@ def _decode_ahead(
         while True:
             run_ahead(pending, burst)
             if not pending:  # past max_tokens or the cache: one step for a consumer asking on
-                pending.append(choose(model.forward(last, kv_cache)))
-                last = pending[-1][0]
-                chosen += 1
+                step_onto(pending)
             batch, pending = pending, []
             reading = ops.read_tokens_later([handle for handle, _, _ in batch])
             burst = min(2 * burst, ops.decode_ahead)
