@@ -275,11 +275,18 @@ class NumpyOps:
             spans = self._int_dot_prefill_rows.get(id(weight), [])
         if spans is None:
             x = quantize_activations(x)
-        y = self._product(x, weight)
-        if spans:
+        if spans:  # each run of rows once: the int-dot parts' from the rounded x, the others' from x
             xq = quantize_activations(x)
-            for start, end in spans:
-                y[:, start:end] = self._product(xq, weight[start:end])
+            y = np.empty((x.shape[0], weight.shape[0]), np.float32)
+            row = 0
+            for start, end in [*spans, (weight.shape[0], weight.shape[0])]:
+                if row < start:
+                    y[:, row:start] = self._product(x, weight[row:start])
+                if start < end:
+                    y[:, start:end] = self._product(xq, weight[start:end])
+                row = end
+        else:
+            y = self._product(x, weight)
         if bias is not None:
             y += bias
         if residual is not None:
