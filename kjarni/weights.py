@@ -18,7 +18,6 @@ error for each way a file can be broken.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kjarni import pypi_gguf, registry, sources
+from kjarni import pypi_gguf, registry
 from kjarni.errors import DownloadFailedError, LoadFailedError
 from kjarni.registry import PyPIGguf
 from kjarni.sources import DownloadPolicy, resolve

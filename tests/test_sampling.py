@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -291,5 +293,5 @@ def test_candidates_detect_a_tie_at_the_boundary_without_consuming_the_rng():
 def test_sampler_is_a_plain_frozen_dataclass():
     sampler = make_sampler(0.5, 3, 0.9, 0.1, 1.2)
     assert sampler == Sampler(GenerationParams(temperature=0.5, top_k=3, top_p=0.9, min_p=0.1, repetition_penalty=1.2))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         sampler.settings = GenerationParams()  # type: ignore[misc]

@@ -15,7 +15,6 @@ they stay together (the jobs above it are split out: runtime, adapters, the ops 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 

@@ -463,7 +463,8 @@ class Linear:
             threads = tuning.matvec_subgroup_threads
             constants = {"R": r, "WG": threads}
             pipeline = ctx.pipeline(seg.linear_kernel, LINEAR_KINDS, entry="matvec_sg", constants=constants)
-            return pipeline, params, fold(-(-(-(-seg.rows // r)) // (threads // 32)))
+            row_sets = -(-seg.rows // r)
+            return pipeline, params, fold(-(-row_sets // (threads // 32)))
         chunks = -(-cols // 8)
         threads = max(64, min(tuning.matvec_max_threads, 1 << (chunks.bit_length() - 1)))
         constants = {"R": tuning.matvec_rows, "WG": threads}
