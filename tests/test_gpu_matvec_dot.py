@@ -140,6 +140,29 @@ def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_fl
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("fmt,cols", [("Q8_0", 64), ("Q4_K", 256)])
+def test_matvec_dot_on_a_vocabulary_sized_lm_head(ops, fmt, cols, early):
+    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration, the
+    first trip fetched in the loop or (``early``) before x is quantized."""
+    rows = 151936
+    qt = random_quant(T[fmt], rows, cols, seed=5)
+    weight, w = ops.weight(qt, name="lm_head"), REF.weight(qt, name="lm_head.weight")
+    ops.tuning.matvec_dot_early = early
+    try:
+        assert kernel_of(ops, weight) == f"matvec_dot.{fmt}:main"
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+        got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
+        want = REF.norm_linear(x, nw, 1e-6, w)
+        scale = float(np.abs(x * nw).sum() * np.abs(w).max())
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
+    finally:
+        ops.tuning.matvec_dot_early = False
+
+
+@pytest.mark.gpu
 def test_matvec_dot_off_runs_the_float_template(ops):
     weight = ops.weight(random_quant(T.Q4_K, 8, 256, seed=3), name="w")
     assert kernel_of(ops, weight) == "matvec_dot.Q4_K:main"

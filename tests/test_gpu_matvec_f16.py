@@ -79,16 +79,22 @@ def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops, early):
 
 
 @pytest.mark.gpu
-def test_matvec_f16_on_a_vocabulary_sized_lm_head(ops):
-    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration."""
+@pytest.mark.parametrize("early", [False, True])
+def test_matvec_f16_on_a_vocabulary_sized_lm_head(ops, early):
+    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration, the
+    first trip's weights loaded in the loop or (``early``) before x is staged."""
     rows, cols = 151936, 64
     weight, w = make_weight(ops, "f16", rows, cols, seed=3)
-    assert kernel_of(ops, weight).startswith("matvec_f16.")
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, cols)).astype(np.float32)
-    nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
-    np.testing.assert_allclose(got, REF.norm_linear(x, nw, 1e-6, w), rtol=1e-4, atol=1e-4)
+    ops.tuning.matvec_f16_early = early
+    try:
+        assert kernel_of(ops, weight).startswith("matvec_f16.")
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+        got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
+        np.testing.assert_allclose(got, REF.norm_linear(x, nw, 1e-6, w), rtol=1e-4, atol=1e-4)
+    finally:
+        ops.tuning.matvec_f16_early = False
 
 
 @pytest.mark.gpu
