@@ -161,6 +161,22 @@ def test_matvec_template_on_a_vocabulary_sized_lm_head(ops):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cols,kernel", [("f16", 64, "linear_f16:matvec_t"), ("Q8_0", 64, "linear_q8_0:main_t"),
+                                              ("Q4_K", 256, "linear_q4_k:main_t"), ("Q6_K", 256, "linear_q6_k:main_t")])
+def test_a_few_token_product_on_a_vocabulary_sized_lm_head(ops, fmt, cols, kernel):
+    """151,936 rows at 2 and 9 tokens: the LM head of a speculative verification (k + 1 tokens)."""
+    weight, w = make_weight(ops, fmt, 151936, cols, seed=9)
+    rng = np.random.default_rng(9)
+    for tokens in (2, 9):
+        assert kernel_of(ops, weight, tokens) == kernel
+        x = rng.standard_normal((tokens, cols)).astype(np.float32)
+        got = ops.read(ops.linear(upload(ops, x), weight))
+        scale = float(np.abs(x).sum(axis=1).max() * np.abs(w).max())  # a bound on |y|: errors relative to it
+        np.testing.assert_allclose(got, REF.linear(x, w), rtol=1e-4, atol=1e-5 * max(scale, 1.0),
+                                   err_msg=f"{fmt} {tokens} tokens")
+
+
+@pytest.mark.gpu
 def test_several_tokens_and_columns_not_a_multiple_of_8_keep_the_older_kernels(ops):
     weight, _ = make_weight(ops, "f16", 40, 64, seed=4)
     assert kernel_of(ops, weight, tokens=3) == "linear_f16:matvec_t"
