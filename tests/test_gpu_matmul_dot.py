@@ -182,6 +182,21 @@ def test_matmul_dot_matches_numpy_on_every_tile_split_and_epilogue(ops, fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt,cols", [("Q8_0", 64), ("Q4_K", 256)])
+def test_matmul_dot_on_a_vocabulary_sized_lm_head(ops, fmt, cols):
+    """151,936 rows (Qwen2.5's vocabulary) at 17 tokens, the default tile: the LM head of a forward
+    asked for every token's logits (a speculative verification of 16 drafted tokens)."""
+    rng = np.random.default_rng(17)
+    qt = random_quant(T[fmt], 151936, cols, seed=17)
+    weight, w = ops.weight(qt, name="lm_head"), REF.weight(qt, name="lm_head.weight")
+    assert plan_kernels(ops, weight, 17)[:2] == ["matmul_dot_prep:main", f"matmul_dot.{fmt}_t4:main"]
+    x = rng.standard_normal((17, cols)).astype(np.float32)
+    scale = float(np.abs(x).sum(axis=1).max() * np.abs(w).max())  # a bound on |y|
+    got = ops.read(ops.linear(upload(ops, x), weight))
+    np.testing.assert_allclose(got, REF.linear(x, w), rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("first, second, cols", [("Q8_0", "Q5_0", 192), ("Q4_K", "Q6_K", 256)])
 def test_matmul_dot_of_two_segments_with_a_fused_norm_and_silu(ops, first, second, cols):
     """A weight concatenated from two parts of two formats (the second at a row offset; a Q4_K_M

@@ -74,6 +74,22 @@ def test_prefill_matmul_matches_numpy_with_bias_residual_and_fused_norm(make_ops
     np.testing.assert_allclose(got, ref.norm_linear(x, nw, 1e-5, w_ref, b), atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+def test_prefill_matmul_on_a_vocabulary_sized_lm_head(wgpu_context, fmt):
+    """151,936 rows (Qwen2.5's vocabulary) at 17 tokens, the default tiles: the LM head of a
+    forward asked for every token's logits (a speculative verification of 16 drafted tokens)."""
+    from kjarni.gpu import WgpuOps
+
+    ops = WgpuOps(wgpu_context, weight_format=fmt)
+    ops.tuning.tensor_cores = False
+    rng = np.random.default_rng(17)
+    x, w = rand(rng, 17, 64), rand(rng, 151936, 64)
+    gw = ops.weight(w, name="lm_head")
+    assert ops.linear_kernels.plan((17, 64), gw, None, None, None, 0.0, False)[0][0][0].kjarni_name == f"matmul.{fmt}:main"
+    got = ops.read(ops.linear(upload(ops, x), gw))
+    np.testing.assert_allclose(got, ref.linear(x, w if fmt == "f32" else f16_round(w)), atol=2e-4, rtol=1e-4)
+
+
 def _recorded_constants(monkeypatch, ctx) -> list[tuple[str, dict]]:
     """Every (kernel, constants) that `ctx.pipeline` is asked for from now on."""
     calls: list[tuple[str, dict]] = []
