@@ -109,17 +109,44 @@ fn weight_row(row0: u32, i: u32, rg: u32) -> u32 {
 // #endif
 }
 
-// One trip's weights as loaded: chunk c (a) and the second chunk cb (b) of rows r0 .. r3 (those
-// past R, and b past UN, left unloaded).
+// One chunk of rows r0 .. r3 as loaded (those past R left unloaded).
+struct RowChunks {
+    r0: ChunkRaw,
+    r1: ChunkRaw,
+    r2: ChunkRaw,
+    r3: ChunkRaw,
+}
+
+fn fetch_rows(r: vec4<u32>, c: u32) -> RowChunks {
+    var w: RowChunks;
+    w.r0 = fetch_chunk(r.x, c);
+    if (R > 1u) {
+        w.r1 = fetch_chunk(r.y, c);
+    }
+    if (R > 2u) {
+        w.r2 = fetch_chunk(r.z, c);
+        w.r3 = fetch_chunk(r.w, c);
+    }
+    return w;
+}
+
+// Chunk c of the R rows times x chunk xc.
+fn rows_dot(w: RowChunks, c: u32, xc: XC) -> vec4<f32> {
+    var s = vec4<f32>(dot_raw(w.r0, c, xc), 0.0, 0.0, 0.0);
+    if (R > 1u) {
+        s.y = dot_raw(w.r1, c, xc);
+    }
+    if (R > 2u) {
+        s.z = dot_raw(w.r2, c, xc);
+        s.w = dot_raw(w.r3, c, xc);
+    }
+    return s;
+}
+
+// One trip's weights as loaded: chunk c (a) and the second chunk (b, left unloaded past UN).
 struct Trip {
-    a0: ChunkRaw,
-    a1: ChunkRaw,
-    a2: ChunkRaw,
-    a3: ChunkRaw,
-    b0: ChunkRaw,
-    b1: ChunkRaw,
-    b2: ChunkRaw,
-    b3: ChunkRaw,
+    a: RowChunks,
+    b: RowChunks,
 }
 
 // The second chunk of the trip at c: c + LANES, or c itself past the row (a clamped duplicate,
@@ -130,52 +157,19 @@ fn second_chunk(c: u32, chunks: u32) -> u32 {
 
 fn fetch_trip(c: u32, r: vec4<u32>, chunks: u32) -> Trip {
     var t: Trip;
-    t.a0 = fetch_chunk(r.x, c);
-    if (R > 1u) {
-        t.a1 = fetch_chunk(r.y, c);
-    }
-    if (R > 2u) {
-        t.a2 = fetch_chunk(r.z, c);
-        t.a3 = fetch_chunk(r.w, c);
-    }
+    t.a = fetch_rows(r, c);
     if (UN > 1u) {
-        let cb = second_chunk(c, chunks);
-        t.b0 = fetch_chunk(r.x, cb);
-        if (R > 1u) {
-            t.b1 = fetch_chunk(r.y, cb);
-        }
-        if (R > 2u) {
-            t.b2 = fetch_chunk(r.z, cb);
-            t.b3 = fetch_chunk(r.w, cb);
-        }
+        t.b = fetch_rows(r, second_chunk(c, chunks));
     }
     return t;
 }
 
 // The trip's sums for the R rows.
 fn trip_sum(c: u32, t: Trip, chunks: u32) -> vec4<f32> {
-    let xa = x_chunk(c);
-    var s = vec4<f32>(dot_raw(t.a0, c, xa), 0.0, 0.0, 0.0);
-    if (R > 1u) {
-        s.y = dot_raw(t.a1, c, xa);
-    }
-    if (R > 2u) {
-        s.z = dot_raw(t.a2, c, xa);
-        s.w = dot_raw(t.a3, c, xa);
-    }
+    var s = rows_dot(t.a, c, x_chunk(c));
     if (UN > 1u) {
-        let second = c + LANES < chunks;
         let cb = second_chunk(c, chunks);
-        let xb = x_chunk(cb);
-        var u = vec4<f32>(dot_raw(t.b0, cb, xb), 0.0, 0.0, 0.0);
-        if (R > 1u) {
-            u.y = dot_raw(t.b1, cb, xb);
-        }
-        if (R > 2u) {
-            u.z = dot_raw(t.b2, cb, xb);
-            u.w = dot_raw(t.b3, cb, xb);
-        }
-        s += select(vec4<f32>(0.0), u, second);
+        s += select(vec4<f32>(0.0), rows_dot(t.b, cb, x_chunk(cb)), c + LANES < chunks);
     }
     return s;
 }
