@@ -230,3 +230,15 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
         merged = quantize_activations(merged)
     expected = merged @ w.T + residual
     np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)
+
+
+def test_the_hosts_key_limits_are_the_kernels():
+    """attention.py's STEP_MAX_KEYS and STEP_KEY_REGS are attention_step.wgsl's MAX_KEYS and KV_MAX."""
+    import re
+
+    from kjarni.gpu import kernels
+    from kjarni.gpu.attention import STEP_KEY_REGS, STEP_MAX_KEYS
+
+    source = kernels.raw_source("attention_step.wgsl")
+    consts = {name: int(value) for name, value in re.findall(r"^const (\w+): u32 = (\d+)u;", source, re.M)}
+    assert (consts["MAX_KEYS"], consts["KV_MAX"]) == (STEP_MAX_KEYS, STEP_KEY_REGS)
