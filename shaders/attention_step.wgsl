@@ -25,20 +25,13 @@
 // the parallel score loop (from workgroup memory) instead of by one thread over all dims, the sum
 // of the softmax takes one barrier (the last use of reduce_v), and the subsets' partial outputs
 // are added by the first hd / 4 threads in one pass after one barrier instead of a tree.
-// EARLY (GpuTuning.attention_step_early_k): the first trip's cache keys are loaded into registers
-// at the start, with the values, so their latency overlaps the loads of q, k and v and the RoPE
-// (a load cannot move past the barrier that publishes q); each later trip's keys are loaded one
-// trip ahead. The host sets it only where a score lane holds at most KV_MAX vec4s of a key
-// (hd / 4 / KL). The dot products are the same, in the same order.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
 override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
 override SPLITS: u32 = 1u;  // workgroups per head, each over a run of the keys
 override LEAN: bool = false;
-override EARLY: bool = false;
 const MAX_KEYS: u32 = 1024u;
-const KV_MAX: u32 = 8u;  // vec4s of a key one score lane holds in registers (EARLY)
 struct Params {
     num_heads: u32,
     num_kv_heads: u32,
@@ -135,39 +128,6 @@ fn score_part(row: u32, kl: u32, fresh: bool) -> f32 {
     return acc;
 }
 
-alias KeyRegs = array<KVRaw, KV_MAX>;
-
-// The cache row starting at vec4 `row`: this lane's vec4s of it (kl, kl + KL, ..), as score_part
-// reads them (EARLY).
-fn key_regs(row: u32, kl: u32) -> KeyRegs {
-    var ks: KeyRegs;
-    for (var t = 0u; t < KV_MAX; t++) {
-        if (kl + t * KL < HEAD_DIM / 4u) {
-            ks[t] = k_cache[row + kl + t * KL];
-        }
-    }
-    return ks;
-}
-
-// score_part over a key held in registers by key_regs (or, fresh, the new key in k_sh): the same
-// products in the same order.
-fn score_regs(ks: KeyRegs, kl: u32, fresh: bool) -> f32 {
-    var acc = 0.0;
-    for (var t = 0u; t < KV_MAX; t++) {
-        let i = kl + t * KL;
-        if (i < HEAD_DIM / 4u) {
-            var k: vec4<f32>;
-            if (fresh) {
-                k = kv_load(k_sh[i]);
-            } else {
-                k = kv_load(ks[t]);
-            }
-            acc += dot(q_sh[i], k);
-        }
-    }
-    return acc;
-}
-
 // workgroup_sum without its closing barrier: reduce_v is not written again (LEAN). Its barrier
 // also publishes p_sh.
 fn workgroup_sum_once(v: f32, lid: u32, sg: vec3<u32>) -> f32 {
@@ -243,17 +203,6 @@ fn main(
     var v1 = v_cache[vrow + min(subset + subsets, vlast) * d4];
     var v2 = v_cache[vrow + min(subset + 2u * subsets, vlast) * d4];
     var v3 = v_cache[vrow + min(subset + 3u * subsets, vlast) * d4];
-    // Scores: KL threads per key, two keys a trip (EARLY: the first trip's keys loaded now).
-    let kl = lid % KL;
-    let slots = WG / KL;
-    let row_last = max(end, 1u) - 1u;
-    var j = j0 + lid / KL;
-    var ka: KeyRegs;
-    var kb: KeyRegs;
-    if (EARLY) {
-        ka = key_regs((base + min(j, row_last)) * d4, kl);
-        kb = key_regs((base + min(j + slots, row_last)) * d4, kl);
-    }
     for (var i = lid; i < d4; i += WG) {
         let e = 4u * i;
         q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
@@ -268,7 +217,11 @@ fn main(
         }
     }
     workgroupBarrier();
+    // Scores: KL threads per key, two keys a trip.
+    let kl = lid % KL;
+    let slots = WG / KL;
     var m_local = NEG_BIG;
+    var j = j0 + lid / KL;
     // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
     // checks it): threads past the run's last cache key in the final trip load a clamped row and
     // store nothing. LEAN: keys from `last` on (the new key, and any past the run) read k_sh, and
@@ -276,25 +229,11 @@ fn main(
     let scored = select(end, j1, LEAN);
     let keys = scored - min(scored, j0);
     let trips = (keys + 2u * slots - 1u) / (2u * slots);
+    let row_last = max(end, 1u) - 1u;
     for (var trip = 0u; trip < trips; trip++) {
         let jb = j + slots;
-        var a0: f32;
-        var a1: f32;
-        if (EARLY) {
-            var na: KeyRegs;
-            var nb: KeyRegs;
-            if (trip + 1u < trips) {  // the next trip's keys, before this trip's are used
-                na = key_regs((base + min(jb + slots, row_last)) * d4, kl);
-                nb = key_regs((base + min(jb + 2u * slots, row_last)) * d4, kl);
-            }
-            a0 = score_regs(ka, kl, LEAN && j >= last);
-            a1 = score_regs(kb, kl, LEAN && jb >= last);
-            ka = na;
-            kb = nb;
-        } else {
-            a0 = score_part((base + min(j, row_last)) * d4, kl, LEAN && j >= last);
-            a1 = score_part((base + min(jb, row_last)) * d4, kl, LEAN && jb >= last);
-        }
+        let a0 = score_part((base + min(j, row_last)) * d4, kl, LEAN && j >= last);
+        let a1 = score_part((base + min(jb, row_last)) * d4, kl, LEAN && jb >= last);
         let s0 = key_sum(a0);
         let s1 = key_sum(a1);
         if (kl == 0u && j < scored) {

@@ -47,8 +47,7 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     return data.reshape(kv_heads, capacity, head_dim).astype(np.float32)
 
 
-@pytest.mark.parametrize("splits,lean,early", [(1, False, False), (8, False, False), (1, True, False), (8, True, False),
-                                               (1, True, True), (8, True, True), (8, False, True)])
+@pytest.mark.parametrize("splits,lean", [(1, False), (8, False), (1, True), (8, True)])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
@@ -61,15 +60,13 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     (4, 2, 64, 64, None, 256, 1030),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt, splits, lean,
-                                                                early):
+                                                                rotary_dim, window, threads, prompt, splits, lean):
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_step_threads = ops.tuning.attention_split_threads = threads
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
-    ops.tuning.attention_step_early_k = early
     capacity = prompt + 8
     ops.tuning.attention_step_max = capacity
     rope = _rope(head_dim, rotary_dim, capacity)
@@ -189,13 +186,11 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
     (14, 2, 64, 896, 32, 40, True), (6, 2, 128, 75, 16, 19, True),
 ])
 @pytest.mark.parametrize("key_lanes", [4, 8])
-@pytest.mark.parametrize("early", [False, True])
 def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
-                                                                   splits, prompt, lean, key_lanes, early):
+                                                                   splits, prompt, lean, key_lanes):
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
-    64 and 128, fewer keys than splits; ``early``: the keys and the matvec's first weights loaded
-    ahead, `attention_step_early_k`, `matvec_f16_early` and `matvec_dot_early`)."""
+    64 and 128, fewer keys than splits)."""
     from kjarni.gpu import WgpuOps
     from kjarni.gpu.step import AttentionPartials
 
@@ -203,7 +198,6 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_key_lanes = key_lanes
-    ops.tuning.attention_step_early_k = ops.tuning.matvec_f16_early = ops.tuning.matvec_dot_early = early
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -232,13 +226,13 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)
 
 
-def test_the_hosts_key_limits_are_the_kernels():
-    """attention.py's STEP_MAX_KEYS and STEP_KEY_REGS are attention_step.wgsl's MAX_KEYS and KV_MAX."""
+def test_the_hosts_key_limit_is_the_kernels():
+    """attention.py's STEP_MAX_KEYS is attention_step.wgsl's MAX_KEYS."""
     import re
 
     from kjarni.gpu import kernels
-    from kjarni.gpu.attention import STEP_KEY_REGS, STEP_MAX_KEYS
+    from kjarni.gpu.attention import STEP_MAX_KEYS
 
     source = kernels.raw_source("attention_step.wgsl")
     consts = {name: int(value) for name, value in re.findall(r"^const (\w+): u32 = (\d+)u;", source, re.M)}
-    assert (consts["MAX_KEYS"], consts["KV_MAX"]) == (STEP_MAX_KEYS, STEP_KEY_REGS)
+    assert consts["MAX_KEYS"] == STEP_MAX_KEYS

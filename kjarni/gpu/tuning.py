@@ -360,10 +360,6 @@ class GpuTuning:
     """attention_step with fewer serial steps a workgroup: the new key scored by the parallel score
     loop (not one thread over all dims), the softmax sum in one barrier, the partial outputs added
     in one pass after one barrier (not a tree of log2(threads / (head_dim / 4)) barriers)."""
-    attention_step_early_k: bool = False
-    """attention_step loads its first trip of cache keys at the start, with the values, so their
-    latency overlaps the loads of q, k and v and the RoPE; later trips' keys one trip ahead (where a
-    score lane holds at most 8 vec4s of a key: head_dim / 4 / key lanes)."""
     attention_step_key_lanes: int = 8
     """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
     most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
