@@ -25,9 +25,6 @@
 // rows of up (R even), and lane 0 writes y[row_offset + i] = silu(g_i) u_i for i < I (no bias or
 // residual), so the down projection reads a plain x (no silu recomputed, half the bytes, in every
 // one of its workgroups).
-// EARLY (GpuTuning.matvec_f16_early): a thread loads its first row set's first full trip of
-// weights before phase 1, so their latency overlaps the staging of v (a load cannot move past
-// phase 1's barrier); that trip then runs from those registers (the same sums in the same order).
 // Every index is in range by construction (rows clamped, units below cols / 8, xs below cols / 4),
 // so kjarni compiles it without naga's runtime checks (GpuTuning.matvec_f16_unchecked).
 // Grid: up to (min(n, 32768), ceil(n / 32768)) for n row sets; any smaller grid is correct.
@@ -47,7 +44,6 @@
 override WG: u32 = 128u;
 override LANES: u32 = 32u;
 override XV: u32 = 256u;  // capacity of xs in vec4s: cols / 4 or more
-override EARLY: bool = false;
 // #if attn
 override SPLITS: u32 = 8u;
 override HD4: u32 = 16u;
@@ -122,22 +118,6 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 ) {
     let norm = (params.flags & 4u) != 0u;
-    let groups = WG / LANES;
-    let group = lid / LANES;
-    let lane = lid % LANES;
-    let units = params.cols / 8u;
-    let stride = units;
-// #if glu
-    let out_rows = params.rows / 2u;
-// #else
-    let out_rows = params.rows;
-// #endif
-    let sets = (out_rows + RG * groups - 1u) / (RG * groups);
-    // EARLY: the first row set's first full trip of weights (clamped: in range, unused unless
-    // `peel`), loaded before v is staged.
-    let rs0 = wid.x + wid.y * nwg.x;
-    let peel = EARLY && rs0 < sets && lane + (UN - 1u) * LANES < units;
-{{PRE}}
     // Phase 1: v into workgroup memory.
     let nv4 = params.cols / 4u;
     var ss = 0.0;
@@ -164,18 +144,25 @@ fn main(
     }
 
     // Phase 2: the rows.
+    let groups = WG / LANES;
+    let group = lid / LANES;
+    let lane = lid % LANES;
+    let units = params.cols / 8u;
+    let stride = units;
+// #if glu
+    let out_rows = params.rows / 2u;
+// #else
+    let out_rows = params.rows;
+// #endif
+    let sets = (out_rows + RG * groups - 1u) / (RG * groups);
     let spans = LANES > sg_size;  // a row group spans LANES / sg_size subgroups
     let width = min(LANES, sg_size);
     var parity = 0u;
-    for (var rs = rs0; rs < sets; rs += nwg.x * nwg.y) {
+    for (var rs = wid.x + wid.y * nwg.x; rs < sets; rs += nwg.x * nwg.y) {
         let row0 = (rs * groups + group) * RG;
 {{ROWS}}
         var s = vec4<f32>(0.0);
         var u = lane;
-        if (peel && rs == rs0) {  // the first full trip, loaded before phase 1
-{{PEEL}}
-            u += UN * LANES;
-        }
         for (; u + (UN - 1u) * LANES < units; u += UN * LANES) {
 {{FULL}}
         }

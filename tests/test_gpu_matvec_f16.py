@@ -49,11 +49,8 @@ def test_every_variant_is_listed_and_rendered():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
-def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops, early):
-    """Every variant and flag, with the first trip's weights loaded in the loop or (``early``)
-    before x is staged."""
-    ops.tuning.matvec_f16_early = early
+def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops):
+    """Every variant and flag."""
     rng = np.random.default_rng(1)
     for cols in (72, 2056):
         rows = 37
@@ -75,26 +72,19 @@ def test_matvec_f16_matches_numpy_in_every_variant_and_flag(ops, early):
                 np.testing.assert_allclose(ops.read(got), want, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
                                            err_msg=f"f16 {rows}x{cols} config {config} case {i}")
     ops.tuning.matvec_f16_configs = {}
-    ops.tuning.matvec_f16_early = False
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
-def test_matvec_f16_on_a_vocabulary_sized_lm_head(ops, early):
-    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration, the
-    first trip's weights loaded in the loop or (``early``) before x is staged."""
+def test_matvec_f16_on_a_vocabulary_sized_lm_head(ops):
+    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration."""
     rows, cols = 151936, 64
     weight, w = make_weight(ops, "f16", rows, cols, seed=3)
-    ops.tuning.matvec_f16_early = early
-    try:
-        assert kernel_of(ops, weight).startswith("matvec_f16.")
-        rng = np.random.default_rng(3)
-        x = rng.standard_normal((1, cols)).astype(np.float32)
-        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-        got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
-        np.testing.assert_allclose(got, REF.norm_linear(x, nw, 1e-6, w), rtol=1e-4, atol=1e-4)
-    finally:
-        ops.tuning.matvec_f16_early = False
+    assert kernel_of(ops, weight).startswith("matvec_f16.")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
+    np.testing.assert_allclose(got, REF.norm_linear(x, nw, 1e-6, w), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
@@ -129,8 +119,7 @@ def test_the_rules_keep_the_float_template_for_rows_longer_than_4864_columns(ops
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
-def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops, monkeypatch, early):
+def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops, monkeypatch):
     """One token's SwiGLU MLP (`Linear.record_swiglu`): where gate_up's matvec_f16 has an even
     number of rows a group, its ``glu`` flag writes silu(gate) up (72 output rows: past the end of
     some row sets, grids capped below them) and down reads it plainly; with odd rows, or
@@ -148,10 +137,8 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_in_every_even_row_variant(ops,
     def configure(config):
         ops.tuning.matvec_f16_configs = {(2 * inter, hidden): config}
 
-    ops.tuning.matvec_f16_early = early
     try:
         check_swiglu_glu(ops, monkeypatch, REF, mlp, configure, CONFIGS,
                          lambda config: f"matvec_f16.{kernels.matvec_f16_variant(*config[2:4])}")
     finally:
         ops.tuning.matvec_f16_configs = {}
-        ops.tuning.matvec_f16_early = False

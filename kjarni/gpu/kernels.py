@@ -462,23 +462,14 @@ def matvec_f16_variant(r: int, un: int) -> str:
 
 def matvec_f16_fields(r: int, un: int) -> dict[str, str]:
     """The fields of ``matvec_f16.tmpl.wgsl`` for R rows and UN units a trip: the clamped rows'
-    offsets, a full trip's R x UN loads then sums, and the one-unit tail trip, written out; with
-    EARLY, the first row set's first full trip loaded before phase 1 (PRE) and summed from those
-    registers (PEEL) in FULL's order."""
+    offsets, a full trip's R x UN loads then sums, and the one-unit tail trip, written out."""
     comp = "xyzw"
     rows = "\n".join(f"        let b{i} = weight_row(row0, {i}u) * stride;" for i in range(r))
     full = [f"            let q{k}_{i} = w_a[b{i} + u + {k}u * LANES];" for k in range(un) for i in range(r)]
     full += [f"            s.{comp[i]} += dot8(q{k}_{i}, u + {k}u * LANES);" for k in range(un) for i in range(r)]
     tail = [f"            let t{i} = w_a[b{i} + u];" for i in range(r)]
     tail += [f"            s.{comp[i]} += dot8(t{i}, u);" for i in range(r)]
-    pre = [f"    let e{i} = weight_row((rs0 * groups + group) * RG, {i}u) * stride;" for i in range(r)]
-    pre += [f"    var p{k}_{i} = vec4<u32>(0u);" for k in range(un) for i in range(r)]
-    pre.append("    if (EARLY) {")
-    pre += [f"        p{k}_{i} = w_a[e{i} + min(lane + {k}u * LANES, units - 1u)];" for k in range(un) for i in range(r)]
-    pre.append("    }")
-    peel = [f"            s.{comp[i]} += dot8(p{k}_{i}, u + {k}u * LANES);" for k in range(un) for i in range(r)]
-    return {"R": str(r), "UN": str(un), "ROWS": rows, "FULL": "\n".join(full), "TAIL": "\n".join(tail),
-            "PRE": "\n".join(pre), "PEEL": "\n".join(peel)}
+    return {"R": str(r), "UN": str(un), "ROWS": rows, "FULL": "\n".join(full), "TAIL": "\n".join(tail)}
 
 
 ATTENTION_TILED_SHAPES: tuple[tuple[int, int, int], ...] = (

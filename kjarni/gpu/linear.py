@@ -363,7 +363,7 @@ class Linear:
             def source_h16() -> str:
                 return kernels.template("matvec_f16", name, variant)
 
-            constants = {"WG": threads, "LANES": lanes, "XV": cols // 4, "EARLY": int(tuning.matvec_f16_early)}
+            constants = {"WG": threads, "LANES": lanes, "XV": cols // 4}
             if attn:
                 constants.update(SPLITS=attn[0], HD4=attn[1])
             pipeline = ctx.pipeline("matvec_f16." + name, LINEAR_KINDS, flags=tuple(variant), constants=constants,

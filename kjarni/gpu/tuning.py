@@ -287,9 +287,6 @@ class GpuTuning:
     """Per (segment rows, cols): (WG, LANES, R, UN, workgroups at most, 0 = one per row set) of
     matvec_f16.tmpl.wgsl from tools/sweep_matvec.py, or None for the float template; other shapes:
     `Linear.matvec_f16_config`'s rules."""
-    matvec_f16_early: bool = False
-    """matvec_f16 loads each thread's first trip of weights before it stages x (the norm, the SwiGLU
-    or the attention merge), so their latency overlaps that phase and its barrier."""
     matvec_f16_unchecked: bool = True
     """Compile matvec_f16 without naga's runtime index checks (its indices are in range by
     construction: rows clamped, units below cols / 8)."""
