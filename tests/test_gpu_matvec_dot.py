@@ -7,8 +7,8 @@ template's tests; a second check bounds the distance to the float32 reference (t
 cost of quantizing x). Rows are odd (not a multiple of any row set), every configuration family
 runs (groups narrower than, as wide as and wider than lavapipe's 8-lane subgroups, 1, 2 and 4 rows,
 1 and 2 chunks a trip, grids capped below the row sets), with every flag (bias, residual, fused
-norm, silu(gate) * up) and the merge of split attention partials, the first trip fetched in the
-loop or before x is quantized (EARLY); and a SwiGLU MLP whose gate_up writes silu(gate) up (glu).
+norm, silu(gate) * up) and the merge of split attention partials; and a SwiGLU MLP whose gate_up
+writes silu(gate) up (glu).
 """
 
 from __future__ import annotations
@@ -103,12 +103,9 @@ def test_a_mixed_format_weight_matches_numpy_segment_by_segment(ops):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_flag(ops, fmt, early):
-    """Every configuration and flag, the first trip's weights fetched in the loop or (``early``)
-    before x is quantized."""
-    ops.tuning.matvec_dot_early = early
+def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_flag(ops, fmt):
+    """Every configuration and flag."""
     rng = np.random.default_rng(1)
     for cols in cols_for(fmt):
         rows = 37
@@ -136,30 +133,23 @@ def test_matvec_dot_matches_numpy_with_quantized_x_in_every_configuration_and_fl
                 # Quantizing x moves y by at most sum |w| max|v| / 254 per block: well under 1%.
                 assert np.abs(got - exact).max() <= 0.01 * max(scale, 1.0), f"{fmt} config {config} case {i}"
     ops.tuning.matvec_dot_configs = {}
-    ops.tuning.matvec_dot_early = False
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt,cols", [("Q8_0", 64), ("Q4_K", 256)])
-def test_matvec_dot_on_a_vocabulary_sized_lm_head(ops, fmt, cols, early):
-    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration, the
-    first trip fetched in the loop or (``early``) before x is quantized."""
+def test_matvec_dot_on_a_vocabulary_sized_lm_head(ops, fmt, cols):
+    """151,936 rows (Qwen2.5's vocabulary) with the fused norm, in the default configuration."""
     rows = 151936
     qt = random_quant(T[fmt], rows, cols, seed=5)
     weight, w = ops.weight(qt, name="lm_head"), REF.weight(qt, name="lm_head.weight")
-    ops.tuning.matvec_dot_early = early
-    try:
-        assert kernel_of(ops, weight) == f"matvec_dot.{fmt}:main"
-        rng = np.random.default_rng(5)
-        x = rng.standard_normal((1, cols)).astype(np.float32)
-        nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
-        got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
-        want = REF.norm_linear(x, nw, 1e-6, w)
-        scale = float(np.abs(x * nw).sum() * np.abs(w).max())
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
-    finally:
-        ops.tuning.matvec_dot_early = False
+    assert kernel_of(ops, weight) == f"matvec_dot.{fmt}:main"
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    nw = (1 + 0.2 * rng.standard_normal(cols)).astype(np.float32)
+    got = ops.read(ops.norm_linear(upload(ops, x), ops.weight(nw, name="nw"), 1e-6, weight))
+    want = REF.norm_linear(x, nw, 1e-6, w)
+    scale = float(np.abs(x * nw).sum() * np.abs(w).max())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
 
 
 @pytest.mark.gpu
@@ -175,9 +165,8 @@ def test_matvec_dot_off_runs_the_float_template(ops):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_rows(ops, monkeypatch, fmt, early):
+def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_rows(ops, monkeypatch, fmt):
     """One token's SwiGLU MLP with quantized weights (`Linear.record_swiglu`): where gate_up's
     matvec_dot has an even number of rows a group, its ``glu`` flag writes silu(gate) up (the last
     row set partly past the end in one configuration, a grid capped below the row sets in two)
@@ -199,9 +188,7 @@ def test_swiglu_gate_up_writes_silu_gate_times_up_where_its_groups_have_even_row
     def configure(config):
         ops.tuning.matvec_dot_configs = {(fmt, 2 * inter, hidden): config}
 
-    ops.tuning.matvec_dot_early = early
     try:  # the last configuration's 3 groups leave the last row set partly filled
         check_swiglu_glu(ops, monkeypatch, REF, mlp, configure, CONFIGS + [(96, 32, 4, 1, 0)], lambda config: f"matvec_dot.{fmt}")
     finally:
         ops.tuning.matvec_dot_configs = {}
-        ops.tuning.matvec_dot_early = False

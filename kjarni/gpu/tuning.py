@@ -273,9 +273,6 @@ class GpuTuning:
         default_factory=lambda: dict(H200_MATVEC_DOT_CONFIGS))
     """Per (format, segment rows, cols): (WG, LANES, R, UN, workgroups at most, 0 = one per row
     set) of matvec_dot.tmpl.wgsl from tools/sweep_matvec.py, else `Linear.matvec_dot_config`'s rules."""
-    matvec_dot_early: bool = False
-    """matvec_dot fetches each thread's first trip of weights before it quantizes x, so their
-    latency overlaps that phase and its barrier."""
     matvec_dot_unchecked: bool = True
     """Compile matvec_dot without naga's runtime index checks (it clamps its rows itself and
     reads nothing past its buffers; H200 sweep: 5-65% faster than checked at the same shape)."""
