@@ -42,7 +42,7 @@ fn x_chunk(c: u32) -> XC {
 }
 
 // Chunk c of a row as loaded (fetch_chunk), then times x (dot_raw): apart, so that matvec_dot
-// issues a trip's loads before any is used.
+// issues a trip's loads before any is used (and with EARLY, the first trip's before phase 1).
 struct ChunkRaw {
     a: vec4<u32>,
     b: vec4<u32>,

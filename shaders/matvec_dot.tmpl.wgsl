@@ -31,6 +31,10 @@
 // the weight is [gate | up] stacked (rows = 2 I), a group's R rows are R / 2 rows of gate and the
 // same rows of up (R even), and lane 0 writes y[row_offset + i] = silu(g_i) u_i for i < I (no bias
 // or residual), so the down projection reads and quantizes a plain x.
+// EARLY (override; the host sets it only with flag `attn`, GpuTuning.matvec_attn_early): a thread
+// fetches its first row set's first trip of weights before phase 1, so their latency overlaps the
+// merge and quantization of x (a load cannot move past phase 1's barrier); that trip is then
+// summed from those registers, in the same order.
 // Grid: up to (min(n, 32768), ceil(n / 32768)) for n row sets; any smaller grid is correct.
 // Needs the device feature "subgroup"; cols a multiple of the format's block and at most 16 XV.
 
@@ -48,6 +52,7 @@ override LANES: u32 = 16u;
 override R: u32 = 2u;
 override UN: u32 = 1u;
 override XV: u32 = 64u;  // capacity of xq in vec4s: cols / 16 or more
+override EARLY: bool = false;
 // (Every override is declared before the arrays sized by XV: naga 29 panics otherwise.)
 // #if attn
 override SPLITS: u32 = 8u;
@@ -198,6 +203,14 @@ fn main(
     let out_rows = params.rows;
 // #endif
     let sets = (out_rows + rg * groups - 1u) / (rg * groups);
+    // EARLY: the first row set's first trip (a clamped chunk where the lane has none: in range,
+    // unused unless `peel`), fetched before x is quantized.
+    let rs0 = wid.x + wid.y * nwg.x;
+    let peel = EARLY && rs0 < sets && lane < chunks;
+    var first: Trip;
+    if (EARLY) {
+        first = fetch_trip(min(lane, chunks - 1u), group_rows((rs0 * groups + group) * rg, rg), chunks);
+    }
     // Phase 1: quantize x into workgroup memory.
     let nv4 = params.cols / 4u;
     var ss = 0.0;
@@ -245,11 +258,16 @@ fn main(
     let spans = LANES > sg_size;  // a row group spans LANES / sg_size subgroups
     let width = min(LANES, sg_size);
     var parity = 0u;
-    for (var rs = wid.x + wid.y * nwg.x; rs < sets; rs += nwg.x * nwg.y) {
+    for (var rs = rs0; rs < sets; rs += nwg.x * nwg.y) {
         let row0 = (rs * groups + group) * rg;
         let rows = group_rows(row0, rg);
         var s = vec4<f32>(0.0);
-        for (var c = lane; c < chunks; c += UN * LANES) {
+        var c = lane;
+        if (peel && rs == rs0) {  // the first trip, fetched before phase 1
+            s += trip_sum(c, first, chunks);
+            c += UN * LANES;
+        }
+        for (; c < chunks; c += UN * LANES) {
             s += trip_sum(c, fetch_trip(c, rows, chunks), chunks);
         }
         for (var m = 1u; m < width; m <<= 1u) {

@@ -180,17 +180,19 @@ def test_a_pending_rope_store_is_recorded_when_q_is_read_or_the_handle_dropped(w
     np.testing.assert_allclose(keys.reshape(kv_heads, capacity, hd)[:, :2], cpu_cache.keys[0][:, :2], atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["f16", "Q8_0"])
+@pytest.mark.parametrize("fmt,early", [("f16", False), ("Q8_0", False), ("Q8_0", True), ("Q5_0", True)])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rows,splits,prompt,lean", [
     (14, 2, 64, 896, 8, 40, False), (6, 2, 128, 75, 3, 19, False), (4, 1, 64, 203, 8, 2, False),
     (14, 2, 64, 896, 32, 40, True), (6, 2, 128, 75, 16, 19, True),
 ])
 @pytest.mark.parametrize("key_lanes", [4, 8])
-def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, fmt, heads, kv_heads, head_dim, rows,
-                                                                   splits, prompt, lean, key_lanes):
+def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, monkeypatch, fmt, early, heads,
+                                                                   kv_heads, head_dim, rows, splits, prompt, lean,
+                                                                   key_lanes):
     """attention_step over ``splits`` runs of the keys, then o_proj (+ residual) reading the runs'
     partials: two dispatches, the same result as numpy's attention then linear (odd row counts, head_dim
-    64 and 128, fewer keys than splits)."""
+    64 and 128, fewer keys than splits). ``early``: a quantized o_proj fetches its first weights
+    before it merges (`matvec_attn_early`, matvec_dot's EARLY)."""
     from kjarni.gpu import WgpuOps
     from kjarni.gpu.step import AttentionPartials
 
@@ -198,6 +200,15 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_key_lanes = key_lanes
+    ops.tuning.matvec_attn_early = early
+    pipeline = ops.context.pipeline
+    requested = []
+
+    def spy(kernel, kinds, **kw):
+        requested.append((kernel, (kw.get("constants") or {}).get("EARLY")))
+        return pipeline(kernel, kinds, **kw)
+
+    monkeypatch.setattr(ops.context, "pipeline", spy)
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -219,8 +230,10 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     assert type(attn) is AttentionPartials
     y = ops.linear(attn, g_w, residual=g_residual)
     assert ops.stats.dispatches - dispatches == 2, "attention_step, then the matvec merging its partials"
+    if fmt != "f16":
+        assert (f"matvec_dot.{fmt}", int(early)) in requested, requested
     merged = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt)
-    if fmt == "Q8_0":  # the integer-dot product reads x quantized to int8 blocks (matvec_dot.tmpl.wgsl)
+    if fmt != "f16":  # the integer-dot product reads x quantized to int8 blocks (matvec_dot.tmpl.wgsl)
         merged = quantize_activations(merged)
     expected = merged @ w.T + residual
     np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)

@@ -380,7 +380,8 @@ class Linear:
             def source_dot() -> str:
                 return kernels.template("matvec_dot", fmt, variant)
 
-            constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "XV": cols // 16}
+            constants = {"WG": threads, "LANES": lanes, "R": r, "UN": un, "XV": cols // 16,
+                         "EARLY": int(bool(attn) and tuning.matvec_attn_early)}
             if attn:
                 constants.update(SPLITS=attn[0], HD4=attn[1])
             pipeline = ctx.pipeline("matvec_dot." + fmt, LINEAR_KINDS, flags=tuple(variant), constants=constants,

@@ -371,6 +371,14 @@ class GpuTuning:
     256 / 32: 12.5 us against 7.4 unmerged)."""
     matvec_attn_lanes: int = 32
     """The merging matvec: lanes per row (one row a group, 2 units a trip)."""
+    matvec_attn_early: bool = False
+    """The merging o_proj with quantized weights (matvec_dot's ``attn`` flag) fetches each thread's
+    first trip of weights before it merges and quantizes x (matvec_dot's EARLY), so their latency
+    overlaps that phase and its barrier. Only there: on the other quantized decode products it lost
+    (H100, twenty-fifth session: 0.5B Q8_0 matvec_dot 760 against 734 µs a step, 1.5B Q4_K 1,229-1,266
+    against 1,147-1,156), while the merging o_proj took 216-222 against 232-236 µs (0.5B Q8_0) and
+    282-292 against 320-325 (1.5B Q4_K) with every EARLY switch of that session on at once; off
+    until timed alone."""
 
     # ---------------------------------------------------------------- attention
     attention_single_max: int = 768
