@@ -364,21 +364,25 @@ class GpuTuning:
     matvec_attn_merge: bool = True
     """The o_proj matvec merges a split attention_step's partials (False: attention_combine, one
     workgroup per head, then the plain o_proj: a dispatch more)."""
-    matvec_attn_threads: int = 256
+    matvec_attn_threads: int = 512
     """The merging matvec (o_proj after a split attention_step; matvec.tmpl.wgsl, or matvec_f16 with
     1 row a group, 2 units a trip, no cap): workgroup threads. Its workgroups
     each merge the whole x: fewer, larger ones read the partials fewer times (H200, 0.5B o_proj,
-    256 / 32: 12.5 us against 7.4 unmerged)."""
+    256 / 32: 12.5 us against 7.4 unmerged). 512 over 256 (H100, twenty-fifth session,
+    tools/ab_attention_gpu.py, 512-token context): the 1.5B f16 step's o_proj 311-329 against
+    345-364 µs in seven rounds of two calls; 0.5B and SmolLM2 f16 unchanged (232-235 against
+    234-237, 269-276 against 269-271); 128 lost (1.5B 373-380)."""
     matvec_attn_lanes: int = 32
     """The merging matvec: lanes per row (one row a group, 2 units a trip)."""
-    matvec_attn_early: bool = False
+    matvec_attn_early: bool = True
     """The merging o_proj with quantized weights (matvec_dot's ``attn`` flag) fetches each thread's
     first trip of weights before it merges and quantizes x (matvec_dot's EARLY), so their latency
     overlaps that phase and its barrier. Only there: on the other quantized decode products it lost
     (H100, twenty-fifth session: 0.5B Q8_0 matvec_dot 760 against 734 µs a step, 1.5B Q4_K 1,229-1,266
     against 1,147-1,156), while the merging o_proj took 216-222 against 232-236 µs (0.5B Q8_0) and
-    282-292 against 320-325 (1.5B Q4_K) with every EARLY switch of that session on at once; off
-    until timed alone."""
+    282-292 against 320-325 (1.5B Q4_K) with every EARLY switch of that session on at once, and
+    alone 221-224 against 234 (0.5B Q8_0, decode 1,028-1,048 against 1,019-1,026 tok/s) and
+    283-291 against 324-335 (1.5B Q4_K, 677-688 against 657-670 tok/s)."""
 
     # ---------------------------------------------------------------- attention
     attention_single_max: int = 768
