@@ -377,12 +377,11 @@ class GpuTuning:
     matvec_attn_early: bool = True
     """The merging o_proj with quantized weights (matvec_dot's ``attn`` flag) fetches each thread's
     first trip of weights before it merges and quantizes x (matvec_dot's EARLY), so their latency
-    overlaps that phase and its barrier. Only there: on the other quantized decode products it lost
-    (H100, twenty-fifth session: 0.5B Q8_0 matvec_dot 760 against 734 µs a step, 1.5B Q4_K 1,229-1,266
-    against 1,147-1,156), while the merging o_proj took 216-222 against 232-236 µs (0.5B Q8_0) and
-    282-292 against 320-325 (1.5B Q4_K) with every EARLY switch of that session on at once, and
-    alone 221-224 against 234 (0.5B Q8_0, decode 1,028-1,048 against 1,019-1,026 tok/s) and
-    283-291 against 324-335 (1.5B Q4_K, 677-688 against 657-670 tok/s)."""
+    overlaps that phase and its barrier. H100, twenty-fifth session, 512-token context: that o_proj
+    221-224 against 234 µs a 0.5B Q8_0 step (decode 1,028-1,048 against 1,019-1,026 tok/s), 283-291
+    against 324-335 on 1.5B Q4_K (677-688 against 657-670 tok/s). Only there: on the other
+    quantized decode products the same fetch lost (0.5B Q8_0 760 against 734 µs a step, 1.5B Q4_K
+    1,229-1,266 against 1,147-1,156), and it was removed from them."""
 
     # ---------------------------------------------------------------- attention
     attention_single_max: int = 768
