@@ -380,7 +380,7 @@ class GpuTuning:
     overlaps that phase and its barrier. H100, twenty-fifth session, 512-token context: that o_proj
     221-224 against 234 µs a 0.5B Q8_0 step (decode 1,028-1,048 against 1,019-1,026 tok/s), 283-291
     against 324-335 on 1.5B Q4_K (677-688 against 657-670 tok/s). Only there: on the other
-    quantized decode products the same fetch lost (0.5B Q8_0 760 against 734 µs a step, 1.5B Q4_K
+    quantized decode products the same fetch lost (0.5B Q8_0 760-794 against 734 µs a step, 1.5B Q4_K
     1,229-1,266 against 1,147-1,156), and it was removed from them."""
 
     # ---------------------------------------------------------------- attention
