@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kjarni.numpy_ops import NumpyKVCache, NumpyOps, quantize_activations
-from tests.test_gpu_matvec import make_weight
+from tests.test_gpu_matvec import make_weight, record_pipelines
 
 pytestmark = pytest.mark.gpu
 ref = NumpyOps()
@@ -201,14 +201,7 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_key_lanes = key_lanes
     ops.tuning.matvec_attn_early = early
-    pipeline = ops.context.pipeline
-    requested = []
-
-    def spy(kernel, kinds, **kw):
-        requested.append((kernel, (kw.get("constants") or {}).get("EARLY")))
-        return pipeline(kernel, kinds, **kw)
-
-    monkeypatch.setattr(ops.context, "pipeline", spy)
+    requested = record_pipelines(ops, monkeypatch)
     capacity = prompt + 4
     rope = _rope(head_dim, head_dim, capacity)
     g_rope = ops.weight(rope, name="rope")
@@ -231,7 +224,8 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     y = ops.linear(attn, g_w, residual=g_residual)
     assert ops.stats.dispatches - dispatches == 2, "attention_step, then the matvec merging its partials"
     if fmt != "f16":
-        assert (f"matvec_dot.{fmt}", int(early)) in requested, requested
+        constants = [(kernel, (kw.get("constants") or {}).get("EARLY")) for kernel, kw in requested]
+        assert (f"matvec_dot.{fmt}", int(early)) in constants, constants
     merged = ref.attention(ref.rope_store(qkv, rope, cpu_cache, 0, prompt), cpu_cache, 0, prompt)
     if fmt != "f16":  # the integer-dot product reads x quantized to int8 blocks (matvec_dot.tmpl.wgsl)
         merged = quantize_activations(merged)

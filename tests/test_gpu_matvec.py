@@ -85,6 +85,19 @@ def flag_inputs(ops, rng, rows: int, cols: int):
     return bias, bvec, norm, nw, x, gate_up, res
 
 
+def record_pipelines(ops, monkeypatch) -> list[tuple[str, dict]]:
+    """The pipelines ``ops`` requests from now on, as (kernel, keyword arguments), each still built."""
+    requested = []
+    pipeline = ops.context.pipeline
+
+    def spy(kernel, kinds, **kw):
+        requested.append((kernel, kw))
+        return pipeline(kernel, kinds, **kw)
+
+    monkeypatch.setattr(ops.context, "pipeline", spy)
+    return requested
+
+
 def check_swiglu_glu(ops, monkeypatch, ref, mlp, configure, configs, kernel_name) -> None:
     """Runs one token's SwiGLU MLP (`Linear.record_swiglu`) through every configuration, with
     ``matvec_glu`` on and off, and checks that gate_up's kernel took its ``glu`` flag exactly where
@@ -96,14 +109,7 @@ def check_swiglu_glu(ops, monkeypatch, ref, mlp, configure, configs, kernel_name
     want = ref.swiglu_mlp(x, nw, 1e-5, gu, dw, residual=res)
     h = ref.silu_mul(ref.norm_linear(x, nw, 1e-5, gu))
     scale = float(np.abs(h).sum() * np.abs(dw).max())  # a bound on |down's product|
-    requested = []
-    pipeline = ops.context.pipeline
-
-    def spy(kernel, kinds, **kw):
-        requested.append((kernel, "glu" in kw.get("flags", ())))
-        return pipeline(kernel, kinds, **kw)
-
-    monkeypatch.setattr(ops.context, "pipeline", spy)
+    requested = record_pipelines(ops, monkeypatch)
     try:
         for glu_on in (True, False):
             ops.tuning.matvec_glu = glu_on
@@ -114,8 +120,9 @@ def check_swiglu_glu(ops, monkeypatch, ref, mlp, configure, configs, kernel_name
                 requested.clear()
                 got = ops.read(ops.swiglu_mlp(upload(ops, x), norm, 1e-5, gate_up, down, residual=upload(ops, res)))
                 glu = glu_on and config[2] % 2 == 0
-                assert (kernel_name(config), glu) in requested, (config, requested)
-                assert not any(flag for _, flag in requested) or glu
+                flagged = [(kernel, "glu" in kw.get("flags", ())) for kernel, kw in requested]
+                assert (kernel_name(config), glu) in flagged, (config, flagged)
+                assert not any(flag for _, flag in flagged) or glu
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1.0), err_msg=f"{config} glu {glu}")
     finally:
         ops.tuning.matvec_glu = True
