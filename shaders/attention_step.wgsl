@@ -25,13 +25,21 @@
 // the parallel score loop (from workgroup memory) instead of by one thread over all dims, the sum
 // of the softmax takes one barrier (the last use of reduce_v), and the subsets' partial outputs
 // are added by the first hd / 4 threads in one pass after one barrier instead of a tree.
+// QREG (GpuTuning.attention_step_q_regs; the host sets it where a score lane holds at most QMAX
+// vec4s of q, hd / 4 / KL): each score lane rotates its own vec4s of q into registers, so the
+// cache keys are loaded and scored with no barrier before them (their loads overlap those of q
+// and the RoPE table); the new key and value are made and stored after that loop (new_key) and
+// the new key scored from workgroup memory behind the barrier that publishes it. The products
+// and their order are the same.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
 override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
 override SPLITS: u32 = 1u;  // workgroups per head, each over a run of the keys
 override LEAN: bool = false;
+override QREG: bool = false;
 const MAX_KEYS: u32 = 1024u;
+const QMAX: u32 = 4u;  // vec4s of q a score lane holds in registers (QREG)
 struct Params {
     num_heads: u32,
     num_kv_heads: u32,
@@ -128,6 +136,27 @@ fn score_part(row: u32, kl: u32, fresh: bool) -> f32 {
     return acc;
 }
 
+alias QRegs = array<vec4<f32>, QMAX>;
+
+// score_part with this lane's vec4s of q in registers (QREG: qr[t] = q's vec4 kl + t KL), for the
+// cache row starting at vec4 `row`, or (fresh) for the new key in k_sh.
+fn score_regs(qr: QRegs, row: u32, kl: u32, fresh: bool) -> f32 {
+    var acc = 0.0;
+    for (var t = 0u; t < QMAX; t++) {
+        let i = kl + t * KL;
+        if (t * KL < HEAD_DIM / 4u) {  // i < hd / 4: KL divides hd / 4
+            var k: vec4<f32>;
+            if (fresh) {
+                k = kv_load(k_sh[i]);
+            } else {
+                k = kv_load(k_cache[row + i]);
+            }
+            acc += dot(qr[t], k);
+        }
+    }
+    return acc;
+}
+
 // workgroup_sum without its closing barrier: reduce_v is not written again (LEAN). Its barrier
 // also publishes p_sh.
 fn workgroup_sum_once(v: f32, lid: u32, sg: vec3<u32>) -> f32 {
@@ -153,6 +182,28 @@ fn key_sum(v: f32) -> f32 {
     }
 // #endif
     return s;
+}
+
+// The new key (rotated) and value of kv head `kv_head` into k_sh / v_sh, rounded as the cache
+// stores them, and into the cache at vec4 `cache` where `stores`; q's rotated head h into q_sh
+// unless QREG. Threads lid < hd / 4, one vec4 each.
+fn new_key(lid: u32, h: u32, kv_head: u32, pos: u32, cache: u32, stores: bool) {
+    let heads = params.num_heads;
+    for (var i = lid; i < HEAD_DIM / 4u; i += WG) {
+        let e = 4u * i;
+        if (!QREG) {
+            q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
+        }
+        let k = kv_pack(rotated4((heads + kv_head) * HEAD_DIM, e, pos));
+        let vb = (heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
+        let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
+        k_sh[i] = k;
+        v_sh[i] = v;
+        if (stores) {
+            k_cache[cache + i] = k;
+            v_cache[cache + i] = v;
+        }
+    }
 }
 
 @compute @workgroup_size(WG)
@@ -193,47 +244,55 @@ fn main(
     let count = end - min(end, j0);  // keys of this run in the cache
     // p v: thread lid owns dims 4 c4 .. of key subset lid / d4, four keys a trip. The first trip's
     // values are loaded now, so they arrive while the scores and the softmax are computed (a
-    // clamped row where the run has fewer keys: never used).
+    // clamped row where the run has fewer keys: never used; a run past the last key, j0 = n,
+    // reads row `last`, so every load stays inside this kv head's rows: the kernel may run
+    // without naga's index checks, GpuTuning.attention_step_unchecked).
     let c4 = lid % d4;
     let subset = lid / d4;
     let subsets = WG / d4;
-    let vrow = (base + j0) * d4 + c4;
+    let vrow = (base + min(j0, last)) * d4 + c4;
     let vlast = max(count, 1u) - 1u;
     var v0 = v_cache[vrow + min(subset, vlast) * d4];
     var v1 = v_cache[vrow + min(subset + subsets, vlast) * d4];
     var v2 = v_cache[vrow + min(subset + 2u * subsets, vlast) * d4];
     var v3 = v_cache[vrow + min(subset + 3u * subsets, vlast) * d4];
-    for (var i = lid; i < d4; i += WG) {
-        let e = 4u * i;
-        q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
-        let k = kv_pack(rotated4((heads + kv_head) * HEAD_DIM, e, pos));
-        let vb = (heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
-        let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
-        k_sh[i] = k;
-        v_sh[i] = v;
-        if (h % group == 0u && split == 0u) {
-            k_cache[cache + i] = k;
-            v_cache[cache + i] = v;
+    let kl = lid % KL;
+    var qr: QRegs;
+    if (QREG) {
+        for (var t = 0u; t < QMAX; t++) {
+            if (t * KL < d4) {
+                qr[t] = rotated4(h * HEAD_DIM, 4u * (kl + t * KL), pos) * params.scale;
+            }
         }
     }
-    workgroupBarrier();
+    let stores = h % group == 0u && split == 0u;
+    if (!QREG) {
+        new_key(lid, h, kv_head, pos, cache, stores);
+        workgroupBarrier();
+    }
     // Scores: KL threads per key, two keys a trip.
-    let kl = lid % KL;
     let slots = WG / KL;
     var m_local = NEG_BIG;
     var j = j0 + lid / KL;
     // A uniform trip count (the shuffles of key_sum need subgroup-uniform control flow; Tint
     // checks it): threads past the run's last cache key in the final trip load a clamped row and
     // store nothing. LEAN: keys from `last` on (the new key, and any past the run) read k_sh, and
-    // key `last` is scored here too.
-    let scored = select(end, j1, LEAN);
+    // key `last` is scored here too (QREG: after the loop).
+    let scored = select(end, j1, LEAN && !QREG);
     let keys = scored - min(scored, j0);
     let trips = (keys + 2u * slots - 1u) / (2u * slots);
     let row_last = max(end, 1u) - 1u;
     for (var trip = 0u; trip < trips; trip++) {
         let jb = j + slots;
-        let a0 = score_part((base + min(j, row_last)) * d4, kl, LEAN && j >= last);
-        let a1 = score_part((base + min(jb, row_last)) * d4, kl, LEAN && jb >= last);
+        var a0: f32;
+        var a1: f32;
+        if (QREG) {
+            a0 = score_regs(qr, (base + min(j, row_last)) * d4, kl, false);
+            a1 = score_regs(qr, (base + min(jb, row_last)) * d4, kl, false);
+        } else {
+            a0 = score_part((base + min(j, row_last)) * d4, kl, LEAN && j >= last);
+            a1 = score_part((base + min(jb, row_last)) * d4, kl, LEAN && jb >= last);
+        }
         let s0 = key_sum(a0);
         let s1 = key_sum(a1);
         if (kl == 0u && j < scored) {
@@ -246,7 +305,18 @@ fn main(
         }
         j += 2u * slots;
     }
-    if (!LEAN && lid == 0u && has_last) {
+    if (QREG) {
+        // The new key and value after the cache keys' loads: its stores to the cache would
+        // otherwise hold those loads back (a store and a later load of one buffer stay in order).
+        new_key(lid, h, kv_head, pos, cache, stores);
+        workgroupBarrier();  // publishes k_sh and v_sh
+        // The new key, by every lane group alike (uniform shuffles); thread 0 keeps it.
+        let s = key_sum(score_regs(qr, 0u, kl, true));
+        if (lid == 0u && has_last) {
+            p_sh[last - j0] = s;
+            m_local = max(m_local, s);
+        }
+    } else if (!LEAN && lid == 0u && has_last) {
         var s = 0.0;
         for (var i = 0u; i < d4; i++) {
             s += dot(q_sh[i], kv_load(k_sh[i]));

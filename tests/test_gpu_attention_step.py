@@ -47,7 +47,9 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     return data.reshape(kv_heads, capacity, head_dim).astype(np.float32)
 
 
-@pytest.mark.parametrize("splits,lean", [(1, False), (8, False), (1, True), (8, True)])
+@pytest.mark.parametrize("splits,lean,unchecked,q_regs", [
+    (1, False, False, False), (8, False, False, False), (1, True, True, False), (8, True, True, False),
+    (8, True, False, False), (1, True, False, True), (8, True, True, True), (8, False, False, True)])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
@@ -60,13 +62,19 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     (4, 2, 64, 64, None, 256, 1030),
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt, splits, lean):
+                                                                rotary_dim, window, threads, prompt, splits, lean,
+                                                                unchecked, q_regs):
+    """``unchecked``: compiled without naga's index checks (`attention_step_unchecked`): every
+    access must be in range by itself, the empty runs past the last key included. ``q_regs``: q
+    in the score lanes' registers (`attention_step_q_regs`, the kernel's QREG, with subgroups)."""
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
     ops.tuning.attention_step_threads = ops.tuning.attention_split_threads = threads
     ops.tuning.attention_step_splits = splits
     ops.tuning.attention_step_lean = lean
+    ops.tuning.attention_step_unchecked = unchecked
+    ops.tuning.attention_step_q_regs = q_regs
     capacity = prompt + 8
     ops.tuning.attention_step_max = capacity
     rope = _rope(head_dim, rotary_dim, capacity)
@@ -88,7 +96,8 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
         out = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 1, start), gpu_cache, 1, start, window)
         if tokens == 1 and start + 1 <= 1024 * splits:
             assert ops.stats.dispatches - dispatches == 1, "one dispatch for rope, store and attention"
-            assert ops.context._pipelines and any(k[0] == "attention_step" for k in ops.context._pipelines)
+            assert any(k[0] == "attention_step" and k[-1] == unchecked and ("QREG", int(q_regs and ops.context.has_subgroups))
+                       in k[3] for k in ops.context._pipelines)
         q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU keeps the cache in f16: numpy's own values, rounded alike
             cpu_cache.keys[:] = _f16(cpu_cache.keys)
@@ -233,13 +242,13 @@ def test_the_o_proj_matvec_merges_split_attention_while_loading_x(wgpu_context, 
     np.testing.assert_allclose(ops.read(y), expected, atol=2e-4, rtol=2e-4)
 
 
-def test_the_hosts_key_limit_is_the_kernels():
-    """attention.py's STEP_MAX_KEYS is attention_step.wgsl's MAX_KEYS."""
+def test_the_hosts_key_limits_are_the_kernels():
+    """attention.py's STEP_MAX_KEYS and STEP_Q_REGS are attention_step.wgsl's MAX_KEYS and QMAX."""
     import re
 
     from kjarni.gpu import kernels
-    from kjarni.gpu.attention import STEP_MAX_KEYS
+    from kjarni.gpu.attention import STEP_MAX_KEYS, STEP_Q_REGS
 
     source = kernels.raw_source("attention_step.wgsl")
     consts = {name: int(value) for name, value in re.findall(r"^const (\w+): u32 = (\d+)u;", source, re.M)}
-    assert consts["MAX_KEYS"] == STEP_MAX_KEYS
+    assert (consts["MAX_KEYS"], consts["QMAX"]) == (STEP_MAX_KEYS, STEP_Q_REGS)

@@ -33,6 +33,7 @@ DECODE_CHUNK = 64  # keys per split of attention_decode (its workgroup size)
 SINGLE_MAX_KEYS = 2048  # attention_single.wgsl's MAX_KEYS: keys it holds in workgroup memory
 SINGLE_WG = 512  # threads of attention_single
 STEP_MAX_KEYS = 1024  # attention_step.wgsl's MAX_KEYS
+STEP_Q_REGS = 4  # attention_step.wgsl's QMAX: vec4s of q a score lane may hold in registers
 ATTENTION_TILED_DEFAULTS = {64: (32, 32), 128: (32, 16)}
 """head_dim -> (query rows a workgroup, keys a tile) of attention_tiled where GpuTuning names none
 (`kernels.ATTENTION_TILED_SHAPES`; a device with less workgroup memory takes the first that fits)."""
@@ -351,7 +352,8 @@ class Attention:
         rotary_dim = 0 if rope is None else rope.shape[1]
         splits = self.step_splits(pending.start + 1)
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
-               tuning.attention_step_lean, tuning.attention_step_key_lanes)
+               tuning.attention_step_lean, tuning.attention_step_key_lanes, tuning.attention_step_unchecked,
+               tuning.attention_step_q_regs)
         plan = self.plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -367,9 +369,11 @@ class Attention:
                 threads *= 2
             kl = next(k for k in (8, 4, 2, 1) if k <= tuning.attention_step_key_lanes and (hd // 4) % k == 0) \
                 if ctx.has_subgroups else 1
+            q_regs = tuning.attention_step_q_regs and hd // 4 // kl <= STEP_Q_REGS
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
                                     constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
-                                               "LEAN": int(tuning.attention_step_lean)})
+                                               "LEAN": int(tuning.attention_step_lean), "QREG": int(q_regs)},
+                                    unchecked=tuning.attention_step_unchecked)
             plan = self.plans[key] = (pipeline, params)
         pipeline, params = plan
         if splits > 1:

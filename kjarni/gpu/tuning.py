@@ -359,6 +359,14 @@ class GpuTuning:
     attention_step_key_lanes: int = 8
     """Threads per key in attention_step's scores (with subgroups): the largest of 8, 4, 2, 1 at
     most this that divides head_dim / 4 (8: the smallest subgroup size seen, lavapipe's)."""
+    attention_step_q_regs: bool = False
+    """attention_step's score lanes rotate their own vec4s of q into registers (where one holds at
+    most 4: head_dim / 4 / key lanes), so the cache keys' loads need no barrier before them and
+    overlap q's; the new key is made and scored after them (the kernel's QREG)."""
+    attention_step_unchecked: bool = False
+    """Compile attention_step without naga's runtime checks (index clamping, loop bounding): every
+    access is in range by construction (cache rows clamped to the run's keys, the key runs at most
+    MAX_KEYS, which `Attention.step_max_keys` keeps). The only checked kernel of a decode layer."""
     attention_split_threads: int = 256
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
     matvec_attn_merge: bool = True
