@@ -31,6 +31,12 @@
 // and the RoPE table); the new key and value are made and stored after that loop (new_key) and
 // the new key scored from workgroup memory behind the barrier that publishes it. The products
 // and their order are the same.
+// ONE_BARRIER (GpuTuning.attention_step_one_barrier): the softmax's max and sum in one barrier,
+// the one that also publishes the new key and the scores: each thread's (max, sum of exp(s - max))
+// over the scores it made, combined per subgroup, go to workgroup memory; after the barrier every
+// thread scores the new key and combines the pairs (m = the largest max, l = sum of sum e^(max - m)),
+// and p v takes exp(s - m) of the raw scores. Instead of a max (two barriers), a pass writing
+// exp(s - m) and a sum (one barrier): the same weights, l summed in another order.
 
 override HEAD_DIM: u32 = 64u;
 override WG: u32 = 256u;
@@ -38,6 +44,7 @@ override KL: u32 = 1u;  // threads per key in the scores (1 without subgroups)
 override SPLITS: u32 = 1u;  // workgroups per head, each over a run of the keys
 override LEAN: bool = false;
 override QREG: bool = false;
+override ONE_BARRIER: bool = false;
 const MAX_KEYS: u32 = 1024u;
 const QMAX: u32 = 4u;  // vec4s of q a score lane holds in registers (QREG)
 struct Params {
@@ -101,6 +108,7 @@ var<workgroup> k_sh: array<KVRaw, HEAD_DIM / 4u>;
 var<workgroup> v_sh: array<KVRaw, HEAD_DIM / 4u>;
 var<workgroup> p_sh: array<f32, MAX_KEYS>;
 var<workgroup> o_sh: array<vec4<f32>, WG>;
+var<workgroup> reduce_l: array<f32, WG>;  // ONE_BARRIER: the sums beside reduce_v's maxima
 
 fn rotated(head: u32, e: u32, pos: u32) -> f32 {
     let r = params.rotary_dim / 2u;
@@ -172,6 +180,34 @@ fn workgroup_sum_once(v: f32, lid: u32, sg: vec3<u32>) -> f32 {
     var total = 0.0;
     for (var i = 0u; i < parts; i++) { total += reduce_v[i]; }
     return total;
+}
+
+// ONE_BARRIER: writes this thread's (max m, sum l of exp(s - m)) of its scores to reduce_v /
+// reduce_l, combined per subgroup where there are subgroups; returns how many pairs they hold once
+// the caller's barrier has run.
+fn publish_pair(m: f32, l: f32, lid: u32, sg: vec3<u32>) -> u32 {
+// #if subgroup
+    let ms = subgroupMax(m);
+    let ls = subgroupAdd(l * exp(m - ms));
+    if (sg.z == 0u) {
+        reduce_v[sg.x] = ms;
+        reduce_l[sg.x] = ls;
+    }
+    return sg.y;
+// #else
+    reduce_v[lid] = m;
+    reduce_l[lid] = l;
+    return WG;
+// #endif
+}
+
+// A p v weight: the score's exp(s - m) (ONE_BARRIER, whose p_sh holds the raw scores), or p_sh's
+// value as it is (exp(s - m) already).
+fn weight(p: f32, m: f32) -> f32 {
+    if (ONE_BARRIER) {
+        return exp(p - m);
+    }
+    return p;
 }
 
 fn key_sum(v: f32) -> f32 {
@@ -278,7 +314,7 @@ fn main(
     // checks it): threads past the run's last cache key in the final trip load a clamped row and
     // store nothing. LEAN: keys from `last` on (the new key, and any past the run) read k_sh, and
     // key `last` is scored here too (QREG: after the loop).
-    let scored = select(end, j1, LEAN && !QREG);
+    let scored = select(end, j1, LEAN && !QREG && !ONE_BARRIER);
     let keys = scored - min(scored, j0);
     let trips = (keys + 2u * slots - 1u) / (2u * slots);
     let row_last = max(end, 1u) - 1u;
@@ -305,7 +341,38 @@ fn main(
         }
         j += 2u * slots;
     }
-    if (QREG) {
+    var m: f32;
+    var l: f32;
+    var p_new = 0.0;  // ONE_BARRIER: the new key's weight (0 where the run does not hold it)
+    if (ONE_BARRIER) {
+        if (QREG) {
+            new_key(lid, h, kv_head, pos, cache, stores);  // after the cache keys' loads, as below
+        }
+        var l_local = 0.0;
+        if (kl == 0u) {  // this thread's scores: keys j0 + lid / KL, then every slots-th
+            for (var jj = j0 + lid / KL; jj < scored; jj += slots) {
+                l_local += exp(p_sh[jj - j0] - m_local);
+            }
+        }
+        let parts = publish_pair(m_local, l_local, lid, sg);
+        workgroupBarrier();  // publishes k_sh, v_sh, p_sh and the pairs
+        var a: f32;
+        if (QREG) {
+            a = score_regs(qr, 0u, kl, true);
+        } else {
+            a = score_part(0u, kl, true);
+        }
+        let s = key_sum(a);  // the new key, by every lane group alike
+        m = select(NEG_BIG, s, has_last);
+        for (var i = 0u; i < parts; i++) {
+            m = max(m, reduce_v[i]);
+        }
+        p_new = select(0.0, exp(s - m), has_last);
+        l = p_new;
+        for (var i = 0u; i < parts; i++) {
+            l += reduce_l[i] * exp(reduce_v[i] - m);
+        }
+    } else if (QREG) {
         // The new key and value after the cache keys' loads: its stores to the cache would
         // otherwise hold those loads back (a store and a later load of one buffer stay in order).
         new_key(lid, h, kv_head, pos, cache, stores);
@@ -324,18 +391,19 @@ fn main(
         p_sh[last - j0] = s;
         m_local = max(m_local, s);
     }
-    let m = workgroup_max(m_local, lid, sg);
-    var l_local = 0.0;
-    for (var i = lid; i < j1 - j0; i += WG) {
-        let p = exp(p_sh[i] - m);
-        p_sh[i] = p;
-        l_local += p;
-    }
-    var l: f32;
-    if (LEAN) {
-        l = workgroup_sum_once(l_local, lid, sg);
-    } else {
-        l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+    if (!ONE_BARRIER) {
+        m = workgroup_max(m_local, lid, sg);
+        var l_local = 0.0;
+        for (var i = lid; i < j1 - j0; i += WG) {
+            let p = exp(p_sh[i] - m);
+            p_sh[i] = p;
+            l_local += p;
+        }
+        if (LEAN) {
+            l = workgroup_sum_once(l_local, lid, sg);
+        } else {
+            l = workgroup_sum(l_local, lid, sg);  // its barriers also publish p_sh
+        }
     }
     // p v: v0 .. v3 hold keys k, k + subsets, .. (loaded a trip ahead, clamped to the run).
     var o = vec4<f32>(0.0);
@@ -353,21 +421,22 @@ fn main(
         v1 = v_cache[vrow + min(kn + subsets, vlast) * d4];
         v2 = v_cache[vrow + min(kn + 2u * subsets, vlast) * d4];
         v3 = v_cache[vrow + min(kn + 3u * subsets, vlast) * d4];
-        o += p_sh[k] * w0 + p_sh[k + subsets] * w1 + p_sh[k + 2u * subsets] * w2 + p_sh[k + 3u * subsets] * w3;
+        o += weight(p_sh[k], m) * w0 + weight(p_sh[k + subsets], m) * w1 + weight(p_sh[k + 2u * subsets], m) * w2
+            + weight(p_sh[k + 3u * subsets], m) * w3;
         k = kn;
     }
     // At most three keys of the run remain: k, k + subsets, k + 2 subsets, in v0 .. v2.
     if (k < count) {
-        o += p_sh[k] * kv_load(v0);
+        o += weight(p_sh[k], m) * kv_load(v0);
     }
     if (k + subsets < count) {
-        o += p_sh[k + subsets] * kv_load(v1);
+        o += weight(p_sh[k + subsets], m) * kv_load(v1);
     }
     if (k + 2u * subsets < count) {
-        o += p_sh[k + 2u * subsets] * kv_load(v2);
+        o += weight(p_sh[k + 2u * subsets], m) * kv_load(v2);
     }
     if (has_last && (last - j0) % subsets == subset) {
-        o += p_sh[last - j0] * kv_load(v_sh[c4]);
+        o += select(p_sh[last - j0], p_new, ONE_BARRIER) * kv_load(v_sh[c4]);
     }
     o_sh[lid] = o;
     workgroupBarrier();

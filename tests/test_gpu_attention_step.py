@@ -47,9 +47,11 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     return data.reshape(kv_heads, capacity, head_dim).astype(np.float32)
 
 
-@pytest.mark.parametrize("splits,lean,unchecked,q_regs", [
-    (1, False, False, False), (8, False, False, False), (1, True, True, False), (8, True, True, False),
-    (8, True, False, False), (1, True, False, True), (8, True, True, True), (8, False, False, True)])
+@pytest.mark.parametrize("splits,lean,unchecked,q_regs,one", [
+    (1, False, False, False, False), (8, False, False, False, False), (1, True, True, False, False),
+    (8, True, True, False, False), (8, True, False, False, False), (1, True, False, True, False),
+    (8, True, True, True, False), (8, False, False, True, False), (1, True, True, True, True),
+    (8, True, True, True, True), (8, False, False, False, True)])
 @pytest.mark.parametrize("kv_format", ["f32", "f16"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim,window,threads,prompt", [
     (14, 2, 64, 64, None, 1024, 19), (6, 2, 128, 128, None, 1024, 19), (3, 3, 64, 32, None, 1024, 19),
@@ -63,10 +65,11 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
 ])
 def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
                                                                 rotary_dim, window, threads, prompt, splits, lean,
-                                                                unchecked, q_regs):
+                                                                unchecked, q_regs, one):
     """``unchecked``: compiled without naga's index checks (`attention_step_unchecked`): every
     access must be in range by itself, the empty runs past the last key included. ``q_regs``: q
-    in the score lanes' registers (`attention_step_q_regs`, the kernel's QREG, with subgroups)."""
+    in the score lanes' registers (`attention_step_q_regs`, the kernel's QREG, with subgroups).
+    ``one``: the softmax in one barrier (`attention_step_one_barrier`)."""
     from kjarni.gpu import WgpuOps
 
     ops = WgpuOps(wgpu_context, weight_format="f32", kv_format=kv_format)
@@ -75,6 +78,7 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     ops.tuning.attention_step_lean = lean
     ops.tuning.attention_step_unchecked = unchecked
     ops.tuning.attention_step_q_regs = q_regs
+    ops.tuning.attention_step_one_barrier = one
     capacity = prompt + 8
     ops.tuning.attention_step_max = capacity
     rope = _rope(head_dim, rotary_dim, capacity)
@@ -97,7 +101,7 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
         if tokens == 1 and start + 1 <= 1024 * splits:
             assert ops.stats.dispatches - dispatches == 1, "one dispatch for rope, store and attention"
             assert any(k[0] == "attention_step" and k[-1] == unchecked and ("QREG", int(q_regs and ops.context.has_subgroups))
-                       in k[3] for k in ops.context._pipelines)
+                       in k[3] and ("ONE_BARRIER", int(one)) in k[3] for k in ops.context._pipelines)
         q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU keeps the cache in f16: numpy's own values, rounded alike
             cpu_cache.keys[:] = _f16(cpu_cache.keys)

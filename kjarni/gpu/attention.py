@@ -353,7 +353,7 @@ class Attention:
         splits = self.step_splits(pending.start + 1)
         key = ("attention_step", heads, kv, hd, kv_cache.capacity, rotary_dim, window or 0, kv_cache.kv_format, splits,
                tuning.attention_step_lean, tuning.attention_step_key_lanes, tuning.attention_step_unchecked,
-               tuning.attention_step_q_regs)
+               tuning.attention_step_q_regs, tuning.attention_step_one_barrier)
         plan = self.plans.get(key)
         if plan is None:
             params = ctx.uniform(ATTENTION_STEP.pack(
@@ -372,7 +372,8 @@ class Attention:
             q_regs = tuning.attention_step_q_regs and hd // 4 // kl <= STEP_Q_REGS
             pipeline = ctx.pipeline("attention_step", ROPE_KINDS, flags=_kv_flags(kv_cache),
                                     constants={"HEAD_DIM": hd, "WG": threads, "KL": kl, "SPLITS": splits,
-                                               "LEAN": int(tuning.attention_step_lean), "QREG": int(q_regs)},
+                                               "LEAN": int(tuning.attention_step_lean), "QREG": int(q_regs),
+                                               "ONE_BARRIER": int(tuning.attention_step_one_barrier)},
                                     unchecked=tuning.attention_step_unchecked)
             plan = self.plans[key] = (pipeline, params)
         pipeline, params = plan

@@ -363,6 +363,11 @@ class GpuTuning:
     """attention_step's score lanes rotate their own vec4s of q into registers (where one holds at
     most 4: head_dim / 4 / key lanes), so the cache keys' loads need no barrier before them and
     overlap q's; the new key is made and scored after them (the kernel's QREG)."""
+    attention_step_one_barrier: bool = False
+    """attention_step's softmax max and sum in one barrier (the kernel's ONE_BARRIER): each
+    subgroup's (max, sum) pair of its scores through workgroup memory, combined by every thread,
+    and the p v weights exp(s - m) taken from the raw scores; instead of a max, a pass over the
+    scores and a sum (three barriers)."""
     attention_step_unchecked: bool = False
     """Compile attention_step without naga's runtime checks (index clamping, loop bounding): every
     access is in range by construction (cache rows clamped to the run's keys, the key runs at most
