@@ -362,16 +362,18 @@ class GpuTuning:
     attention_step_q_regs: bool = False
     """attention_step's score lanes rotate their own vec4s of q into registers (where one holds at
     most 4: head_dim / 4 / key lanes), so the cache keys' loads need no barrier before them and
-    overlap q's; the new key is made and scored after them (the kernel's QREG)."""
+    overlap q's; the new key is made and scored after them (the kernel's QREG). Off: not timed yet
+    (the twenty-sixth session got no device; docs/benchmarks.md names the A/B to run)."""
     attention_step_one_barrier: bool = False
     """attention_step's softmax max and sum in one barrier (the kernel's ONE_BARRIER): each
     subgroup's (max, sum) pair of its scores through workgroup memory, combined by every thread,
     and the p v weights exp(s - m) taken from the raw scores; instead of a max, a pass over the
-    scores and a sum (three barriers)."""
+    scores and a sum (three barriers). Off: not timed yet, as ``attention_step_q_regs``."""
     attention_step_unchecked: bool = False
     """Compile attention_step without naga's runtime checks (index clamping, loop bounding): every
     access is in range by construction (cache rows clamped to the run's keys, the key runs at most
-    MAX_KEYS, which `Attention.step_max_keys` keeps). The only checked kernel of a decode layer."""
+    MAX_KEYS, which `Attention.step_max_keys` keeps). The only checked kernel of a decode layer.
+    Off: not timed yet, as ``attention_step_q_regs``."""
     attention_split_threads: int = 256
     """Threads of a split attention_step (at most; head_dim / 4 times a power of two)."""
     matvec_attn_merge: bool = True
