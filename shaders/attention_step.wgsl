@@ -341,13 +341,15 @@ fn main(
         }
         j += 2u * slots;
     }
+    if (QREG) {
+        // The new key and value after the cache keys' loads: its stores to the cache would
+        // otherwise hold those loads back (a store and a later load of one buffer stay in order).
+        new_key(lid, h, kv_head, pos, cache, stores);
+    }
     var m: f32;
     var l: f32;
     var p_new = 0.0;  // ONE_BARRIER: the new key's weight (0 where the run does not hold it)
     if (ONE_BARRIER) {
-        if (QREG) {
-            new_key(lid, h, kv_head, pos, cache, stores);  // after the cache keys' loads, as below
-        }
         var l_local = 0.0;
         if (kl == 0u) {  // this thread's scores: keys j0 + lid / KL, then every slots-th
             for (var jj = j0 + lid / KL; jj < scored; jj += slots) {
@@ -373,9 +375,6 @@ fn main(
             l += reduce_l[i] * exp(reduce_v[i] - m);
         }
     } else if (QREG) {
-        // The new key and value after the cache keys' loads: its stores to the cache would
-        // otherwise hold those loads back (a store and a later load of one buffer stay in order).
-        new_key(lid, h, kv_head, pos, cache, stores);
         workgroupBarrier();  // publishes k_sh and v_sh
         // The new key, by every lane group alike (uniform shuffles); thread 0 keeps it.
         let s = key_sum(score_regs(qr, 0u, kl, true));
