@@ -63,9 +63,9 @@ def _read_cache(ops, buffer, kv_format, kv_heads, capacity, head_dim):
     # past 1,024 keys: attention_step only when split (at most 1,024 keys a split)
     (4, 2, 64, 64, None, 256, 1030),
 ])
-def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv_format, heads, kv_heads, head_dim,
-                                                                rotary_dim, window, threads, prompt, splits, lean,
-                                                                unchecked, q_regs, one):
+def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, monkeypatch, kv_format, heads, kv_heads,
+                                                                head_dim, rotary_dim, window, threads, prompt, splits,
+                                                                lean, unchecked, q_regs, one):
     """``unchecked``: compiled without naga's index checks (`attention_step_unchecked`): every
     access must be in range by itself, the empty runs past the last key included. ``q_regs``: q
     in the score lanes' registers (`attention_step_q_regs`, the kernel's QREG, with subgroups).
@@ -79,6 +79,7 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
     ops.tuning.attention_step_unchecked = unchecked
     ops.tuning.attention_step_q_regs = q_regs
     ops.tuning.attention_step_one_barrier = one
+    requested = record_pipelines(ops, monkeypatch)
     capacity = prompt + 8
     ops.tuning.attention_step_max = capacity
     rope = _rope(head_dim, rotary_dim, capacity)
@@ -100,8 +101,9 @@ def test_attention_step_matches_numpy_over_several_decode_steps(wgpu_context, kv
         out = ops.attention(ops.rope_store(_upload(ops, qkv), g_rope, gpu_cache, 1, start), gpu_cache, 1, start, window)
         if tokens == 1 and start + 1 <= 1024 * splits:
             assert ops.stats.dispatches - dispatches == 1, "one dispatch for rope, store and attention"
-            assert any(k[0] == "attention_step" and k[-1] == unchecked and ("QREG", int(q_regs and ops.context.has_subgroups))
-                       in k[3] and ("ONE_BARRIER", int(one)) in k[3] for k in ops.context._pipelines)
+            steps = [(kw["unchecked"], kw["constants"]["QREG"], kw["constants"]["ONE_BARRIER"])
+                     for kernel, kw in requested if kernel == "attention_step"]
+            assert steps and set(steps) == {(unchecked, int(q_regs and ops.context.has_subgroups), int(one))}, steps
         q_ref = ref.rope_store(qkv, rope, cpu_cache, 1, start)
         if kv_format == "f16":  # the GPU keeps the cache in f16: numpy's own values, rounded alike
             cpu_cache.keys[:] = _f16(cpu_cache.keys)
