@@ -28,9 +28,10 @@
 // QREG (GpuTuning.attention_step_q_regs; the host sets it where a score lane holds at most QMAX
 // vec4s of q, hd / 4 / KL): each score lane rotates its own vec4s of q into registers, so the
 // cache keys are loaded and scored with no barrier before them (their loads overlap those of q
-// and the RoPE table); the new key and value are made and stored after that loop (new_key) and
-// the new key scored from workgroup memory behind the barrier that publishes it. The products
-// and their order are the same.
+// and the RoPE table, as do those of the new key and value, made in registers before the loop,
+// fresh_kv); the new key and value are stored (to workgroup memory and the cache, keep_kv) after
+// that loop and the new key scored from workgroup memory behind the barrier that publishes it.
+// The products and their order are the same.
 // ONE_BARRIER (GpuTuning.attention_step_one_barrier): the softmax's max and sum in one barrier,
 // the one that also publishes the new key and the scores: each thread's (max, sum of exp(s - max))
 // over the scores it made, combined per subgroup, go to workgroup memory; after the barrier every
@@ -220,25 +221,28 @@ fn key_sum(v: f32) -> f32 {
     return s;
 }
 
-// The new key (rotated) and value of kv head `kv_head` into k_sh / v_sh, rounded as the cache
-// stores them, and into the cache at vec4 `cache` where `stores`; q's rotated head h into q_sh
-// unless QREG. Threads lid < hd / 4, one vec4 each.
-fn new_key(lid: u32, h: u32, kv_head: u32, pos: u32, cache: u32, stores: bool) {
-    let heads = params.num_heads;
-    for (var i = lid; i < HEAD_DIM / 4u; i += WG) {
-        let e = 4u * i;
-        if (!QREG) {
-            q_sh[i] = rotated4(h * HEAD_DIM, e, pos) * params.scale;
-        }
-        let k = kv_pack(rotated4((heads + kv_head) * HEAD_DIM, e, pos));
-        let vb = (heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
-        let v = kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u]));
-        k_sh[i] = k;
-        v_sh[i] = v;
-        if (stores) {
-            k_cache[cache + i] = k;
-            v_cache[cache + i] = v;
-        }
+// The new key (rotated) and value of kv head `kv_head`, vec4 i of each, packed as the cache stores
+// them.
+struct Fresh {
+    k: KVRaw,
+    v: KVRaw,
+}
+
+fn fresh_kv(i: u32, kv_head: u32, pos: u32) -> Fresh {
+    let e = 4u * i;
+    let k = kv_pack(rotated4((params.num_heads + kv_head) * HEAD_DIM, e, pos));
+    let vb = (params.num_heads + params.num_kv_heads + kv_head) * HEAD_DIM + e;
+    return Fresh(k, kv_pack(vec4<f32>(qkv[vb], qkv[vb + 1u], qkv[vb + 2u], qkv[vb + 3u])));
+}
+
+// Vec4 i of the new key and value into k_sh / v_sh, and into the cache at vec4 `cache` where
+// `stores`.
+fn keep_kv(i: u32, f: Fresh, cache: u32, stores: bool) {
+    k_sh[i] = f.k;
+    v_sh[i] = f.v;
+    if (stores) {
+        k_cache[cache + i] = f.k;
+        v_cache[cache + i] = f.v;
     }
 }
 
@@ -302,8 +306,16 @@ fn main(
         }
     }
     let stores = h % group == 0u && split == 0u;
+    // Threads lid < hd / 4 (WG is a multiple of hd / 4) each make one vec4 of the new key and value.
+    var fresh: Fresh;
+    if (lid < d4) {
+        fresh = fresh_kv(lid, kv_head, pos);
+    }
     if (!QREG) {
-        new_key(lid, h, kv_head, pos, cache, stores);
+        if (lid < d4) {
+            q_sh[lid] = rotated4(h * HEAD_DIM, 4u * lid, pos) * params.scale;
+            keep_kv(lid, fresh, cache, stores);
+        }
         workgroupBarrier();
     }
     // Scores: KL threads per key, two keys a trip.
@@ -341,10 +353,11 @@ fn main(
         }
         j += 2u * slots;
     }
-    if (QREG) {
-        // The new key and value after the cache keys' loads: its stores to the cache would
-        // otherwise hold those loads back (a store and a later load of one buffer stay in order).
-        new_key(lid, h, kv_head, pos, cache, stores);
+    if (QREG && lid < d4) {
+        // The new key and value (loaded with q, before the loop) kept after the cache keys'
+        // loads: its stores to the cache would otherwise hold those loads back (a store and a
+        // later load of one buffer stay in order).
+        keep_kv(lid, fresh, cache, stores);
     }
     var m: f32;
     var l: f32;
