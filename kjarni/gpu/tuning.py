@@ -362,8 +362,9 @@ class GpuTuning:
     attention_step_q_regs: bool = False
     """attention_step's score lanes rotate their own vec4s of q into registers (where one holds at
     most 4: head_dim / 4 / key lanes), so the cache keys' loads need no barrier before them and
-    overlap q's; the new key is made and scored after them (the kernel's QREG). Off: not timed yet
-    (the twenty-sixth session got no device; docs/benchmarks.md names the A/B to run)."""
+    overlap q's and the new key's; the new key is stored and scored after them (the kernel's
+    QREG). Off: not timed yet (the twenty-sixth and twenty-seventh sessions got no device;
+    docs/benchmarks.md names the A/B to run)."""
     attention_step_one_barrier: bool = False
     """attention_step's softmax max and sum in one barrier (the kernel's ONE_BARRIER): each
     subgroup's (max, sum) pair of its scores through workgroup memory, combined by every thread,
