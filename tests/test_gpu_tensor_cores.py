@@ -470,29 +470,6 @@ def test_bench_gpu_set_changes_one_entry_of_a_dict_field_in_a_new_dict():
     assert "comma-separated ints or none" in bench_gpu._set_field(tuning, "tc_tiles[1x2]=a")
 
 
-def test_ab_attention_restores_every_field_a_variant_set_before_the_next():
-    """tools/ab_attention_gpu.py: a variant's fields, None-valued defaults included (matmul_dot_splits
-    once leaked from one variant into every later one), are back to their defaults for the next."""
-    import sys
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    from kjarni.gpu.tuning import GpuTuning
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    import ab_attention_gpu
-
-    ops = SimpleNamespace(tuning=GpuTuning())
-    model = SimpleNamespace(blocks=[], lm_head=SimpleNamespace(plans={}))
-    defaults = ab_attention_gpu._defaults(ops.tuning)
-    ab_attention_gpu._apply(ops, model, "matmul_dot_splits=2,tc_tiles[1x2]=4,2,2,2,2,0,matmul_int_dot=0", defaults)
-    assert (ops.tuning.matmul_dot_splits, ops.tuning.tc_tiles[(1, 2)], ops.tuning.matmul_int_dot) == (2, (4, 2, 2, 2, 2, 0), 0)
-    ab_attention_gpu._apply(ops, model, "default", defaults)
-    fresh = GpuTuning()
-    assert ops.tuning.matmul_dot_splits is None and (1, 2) not in ops.tuning.tc_tiles
-    assert {n: getattr(ops.tuning, n) for n in defaults} == {n: getattr(fresh, n) for n in defaults}
-
-
 def test_bench_gpu_sweep_choice_overrides_only_the_shapes_it_names():
     """tools/bench_gpu.py --sgmat-choice: a sweep of some shapes keeps the other shapes' default
     tiles; each named shape gets its kernel family, tile, K split and grid order."""

@@ -1,11 +1,13 @@
 """A/B the attention knobs of `GpuTuning` on one model build. Prints JSON lines.
 
 Builds a random-weight model once (tools/bench_gpu.py's shapes and weights), then for each
-variant (``--prefill`` / ``--decode``: ``field=value[,field=value...]``, ``-`` for the defaults)
+variant (``--prefill`` / ``--decode``: ``field=value[,field=value...]``, ``default`` for the defaults)
 sets the fields, drops the weights' cached plans and measures, in interleaved rounds: prefill
 tok/s (best of 3) with the GPU time of the attention kernels and of the whole prompt, or greedy
 decode tok/s (kjarni.decode.generate_step) with the GPU time of one step, its attention_step and
-o_proj merge, from timestamp queries. Each result line is also appended to ``--out`` as it comes.
+o_proj merge, from timestamp queries. Each result line is also appended to ``--out`` as it comes;
+after the last round, one ``decode_summary`` / ``prefill_summary`` line per variant gives its
+medians over the rounds and its median tok/s as a ratio to the default's.
 
     python tools/ab_attention_gpu.py --model qwen2.5-1.5b --prefill "default;attention_prefill_chunk=0"
     python tools/ab_attention_gpu.py --decode "default;attention_step_splits=4;matvec_attn_threads=512"
@@ -74,6 +76,34 @@ def _profile(ctx, run) -> dict[str, float]:
     return {k: round(1e6 * v, 1) for k, v in times.items()}
 
 
+def summary(results: list[dict]) -> list[dict]:
+    """One line per (kind, variant) of ``results`` (the decode and prefill lines, in order): the
+    median over rounds of tok/s and of GPU time (decode: also of attention_step and the kernel
+    after it, the merging o_proj, where every round profiled them), and the median tok/s as a
+    ratio to the default's (the first variant when none is named ``default``), so a run reads
+    side by side."""
+    lines = []
+    for kind, rate, gpu in (("decode", "decode_tok_s", "gpu_us_per_step"), ("prefill", "prefill_tok_s", "gpu_ms")):
+        by_variant: dict[str, list[dict]] = defaultdict(list)
+        for r in results:
+            if r.get("kind") == kind:
+                by_variant[r["variant"]].append(r)
+        if not by_variant:
+            continue
+        base = by_variant.get("default") or next(iter(by_variant.values()))
+        base_rate = float(np.median([r[rate] for r in base]))
+        for variant, rows in by_variant.items():
+            median = float(np.median([r[rate] for r in rows]))
+            lines.append({"kind": f"{kind}_summary", "variant": variant, "rounds": len(rows),
+                          f"median_{rate}": round(median, 1),
+                          f"median_{gpu}": round(float(np.median([r[gpu] for r in rows])), 3),
+                          "ratio_to_default": round(median / base_rate, 4)})
+            for kernel in ("attention_step", "after_attention_step"):  # decode: the step's attention
+                if all(kernel in r.get("kernels_us", {}) for r in rows):
+                    lines[-1][f"median_{kernel}_us"] = round(float(np.median([r["kernels_us"][kernel] for r in rows])), 1)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-0.5b")
@@ -105,9 +135,12 @@ def main() -> None:
     fma_probe = FmaProbe(ctx) if ctx.has_timestamps else None  # compiled before the warm-up
     bench_gpu._warm_up(ops, model, prompt, cache, probe=fma_probe)
 
+    results: list[dict] = []
+
     def emit(result: dict) -> None:
         result.update(shape=args.model, format=args.format, context=args.context, adapter=ctx.description,
                       runtime=ctx.runtime.description, dawn_fast=fast)
+        results.append(result)
         line = json.dumps(result)
         print(line, flush=True)
         if args.out:
@@ -156,6 +189,8 @@ def main() -> None:
                   "decode_tok_s": round(args.steps / seconds, 1),
                   "gpu_us_per_step": round(sum(kernels.values()), 1),
                   "kernels_us": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])})
+    for line in summary(list(results)):
+        emit(line)
 
 
 if __name__ == "__main__":
