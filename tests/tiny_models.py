@@ -265,15 +265,21 @@ def tiny_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
-def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str, np.ndarray],
-                    quant: str = "F32", chat_template: str | None = None) -> Path:
+def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str, Any],
+                    quant: str = "F32", chat_template: str | None = None, file_type: str | None = None,
+                    model_name: str = "kjarni tiny test model") -> Path:
     """Write a GGUF file as llama.cpp's converter would, with 2-D tensors stored as `quant`.
 
     `quant` is any type `gguf.quants.quantize` supports (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
     Q8_0); a matrix whose in_features is not a multiple of the block size stays F32, like 1-D tensors.
-    llama q_proj/k_proj (weights and biases) are permuted as the converter does. ``chat_template``
-    is stored as ``tokenizer.chat_template`` (none by default).
+    A `kjarni.tensors.QuantTensor` value is written as its blocks, whatever `quant` says.
+    llama q_proj/k_proj (weights and biases, and the rows of stored blocks) are permuted as the
+    converter does. ``chat_template`` is stored as ``tokenizer.chat_template`` (none by default);
+    ``file_type`` names the ``general.file_type`` (a `gguf.LlamaFileType` member without
+    ``MOSTLY_``, e.g. ``Q4_K_M``; default: `quant`'s).
     """
+    from kjarni.tensors import QuantTensor
+
     path = Path(path)
     model_type = config["model_type"]
     arch = "llama" if model_type == "mistral" else model_type
@@ -283,7 +289,7 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
     qtype = gguf.GGMLQuantizationType[quant]
 
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("kjarni tiny test model")
+    writer.add_name(model_name)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
@@ -298,7 +304,8 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(head_dim)
-    file_type = gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType[f"MOSTLY_{quant}"]
+    file_type = (gguf.LlamaFileType.ALL_F32 if (file_type or quant) == "F32"
+                 else gguf.LlamaFileType[f"MOSTLY_{file_type or quant}"])
     writer.add_file_type(int(file_type))
 
     tokens, token_types, merges = tiny_vocab(config["vocab_size"])
@@ -316,8 +323,16 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
 
     block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     for name, value in tensors.items():
+        permuted = arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name)
+        if isinstance(value, QuantTensor):
+            data = value.data
+            if permuted:
+                rows = np.arange(data.shape[0])
+                data = data[llama_cpp_permute(rows, heads, None if ".q_proj." in name else kv_heads)]
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data), raw_dtype=value.ggml_type)
+            continue
         data = np.ascontiguousarray(value, dtype=np.float32)
-        if arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+        if permuted:
             data = llama_cpp_permute(data, heads, None if ".q_proj." in name else kv_heads)
         target = gguf.GGMLQuantizationType.F32
         if data.ndim == 2 and data.shape[-1] % block_size == 0:

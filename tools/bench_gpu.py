@@ -5,7 +5,8 @@ random quants and sane scales. For each shape and format it measures prefill tok
 ``--context``-token prompt (best of 3), decode tok/s at that context (greedy argmax on the GPU, one submit per
 token), GPU memory of the weights, dispatches per decode step and, where the adapter has
 timestamp queries, GPU time per kernel for one decode step. With torch + CUDA importable it also
-times Hugging Face transformers (eager, f16, random weights) on the same shapes.
+times Hugging Face transformers (eager, f16, random weights) on the same shapes; with ``--peer``,
+llama.cpp's Vulkan backend on the same weights (tools/peer_llama_cpp.py).
 
 ``fma_probe_us`` (where timestamps exist): a fixed f32 FMA kernel timed before and after the timed
 part (tools/gputime.py). Its figure follows the GPU's clock at that moment, so within one call a run
@@ -16,6 +17,7 @@ through a whole prefill benchmark, warm-up included: seventeenth session, docs/b
     python tools/bench_gpu.py --model all          # + SmolLM2-135M and Qwen2.5-1.5B shapes
     python tools/bench_gpu.py --small              # a quick check on a CPU adapter (lavapipe)
     python tools/bench_gpu.py --prefill-only --no-torch   # prefill tok/s + GPU time per kernel
+    python tools/bench_gpu.py --core --no-torch --peer    # beside llama.cpp, kjarni over llama.cpp
 """
 
 from __future__ import annotations
@@ -409,6 +411,21 @@ def _matrices(model):
     yield model.lm_head
 
 
+def _peer(ours: dict, shape: str, fmt: str, context: int, steps: int) -> dict:
+    """llama.cpp on ``ours``'s weights (tools/peer_llama_cpp.py), with kjarni's figures over its
+    where llama.cpp ran on a GPU."""
+    import peer_llama_cpp
+
+    try:
+        peer = peer_llama_cpp.bench_llama_cpp(shape, fmt, context, steps)
+    except Exception as exc:
+        return {"shape": shape, "format": fmt, "backend": "llama.cpp", "error": f"{type(exc).__name__}: {exc}"}
+    for key in ("prefill_tok_s", "decode_tok_s"):  # not against llama.cpp's CPU backend
+        if peer["gpu"] and ours.get(key) and peer.get(key):
+            peer[f"kjarni_over_peer_{key}"] = round(ours[key] / peer[key], 3)
+    return peer
+
+
 def bench_torch(shape: str, context: int, steps: int) -> dict | None:
     try:
         import torch
@@ -554,6 +571,9 @@ def main() -> None:
                              "files (missing ones skipped), over the defaults (shapes a file does not name keep theirs)")
     parser.add_argument("--dawn-fast", action="store_true",
                         help="Dawn only: the device toggles disable_robustness and disable_workgroup_init")
+    parser.add_argument("--peer", action="store_true",
+                        help="also time llama.cpp (tools/peer_llama_cpp.py, the 'peer' extra) on the same weights, "
+                             "llama-bench's way, after each shape and format; its row holds kjarni's figures over its own")
     parser.add_argument("--set", action="append", default=[], metavar="ATTR=VALUE",
                         help="override a GpuTuning field (kjarni/gpu/tuning.py; an int or float, comma-separated ints for a "
                              "tuple), e.g. matvec_t_quads=2, or one shape's entry of a dict field, e.g. tc_tiles[17920x1536]=4,2,2,4,2,5")
@@ -596,6 +616,9 @@ def main() -> None:
             except Exception as exc:
                 report["results"].append({"shape": shape, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
             print(json.dumps(report["results"][-1]), file=sys.stderr, flush=True)
+            if args.peer:
+                report["results"].append(_peer(report["results"][-1], shape, fmt.strip(), args.context, args.steps))
+                print(json.dumps(report["results"][-1]), file=sys.stderr, flush=True)
         if not args.no_torch:
             try:
                 torch_result = bench_torch(shape, args.context, args.steps)
