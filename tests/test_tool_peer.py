@@ -32,7 +32,7 @@ def shape(request, monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_peer_file_holds_bench_gpus_weights_bit_for_bit(tmp_path, shape, fmt):
     path = peer_llama_cpp.write_gguf(tmp_path / "peer.gguf", shape, fmt)
-    config = peer_llama_cpp.shape_config(shape)
+    config = bench_gpu.shape_config(shape)
     ours = bench_gpu.RandomWeights(config, fmt)
     weights = load_weights(path)
     read = ModelConfig.from_gguf(weights.gguf_reader, path=path)
@@ -61,7 +61,7 @@ def test_llama_cpp_on_the_peer_file_gives_kjarnis_logits(tmp_path, shape, fmt):
     and 3e-2. A file with llama's q/k rows left unpermuted misses by 5.4e-2 (f16)."""
     pytest.importorskip("cyllama.llama.llama_cpp", reason="llama.cpp comes with the 'peer' extra")
     path = peer_llama_cpp.write_gguf(tmp_path / "peer.gguf", shape, fmt)
-    config = peer_llama_cpp.shape_config(shape)
+    config = bench_gpu.shape_config(shape)
     weights = bench_gpu.RandomWeights(config, fmt)
     prompt = [int(t) for t in (np.arange(40) * 7919) % config["vocab_size"]]
     model = DecoderModel(ModelConfig.from_dict(config), weights, NumpyOps())

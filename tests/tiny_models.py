@@ -324,16 +324,16 @@ def save_gguf_model(path: str | Path, config: dict[str, Any], tensors: dict[str,
     block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     for name, value in tensors.items():
         permuted = arch == "llama" and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name)
+        group = None if ".q_proj." in name else kv_heads  # llama_cpp_permute's n_head_kv
         if isinstance(value, QuantTensor):
             data = value.data
-            if permuted:
-                rows = np.arange(data.shape[0])
-                data = data[llama_cpp_permute(rows, heads, None if ".q_proj." in name else kv_heads)]
+            if permuted:  # the same row order, through the stored blocks' rows
+                data = data[llama_cpp_permute(np.arange(data.shape[0]), heads, group)]
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(data), raw_dtype=value.ggml_type)
             continue
         data = np.ascontiguousarray(value, dtype=np.float32)
         if permuted:
-            data = llama_cpp_permute(data, heads, None if ".q_proj." in name else kv_heads)
+            data = llama_cpp_permute(data, heads, group)
         target = gguf.GGMLQuantizationType.F32
         if data.ndim == 2 and data.shape[-1] % block_size == 0:
             target = qtype

@@ -144,12 +144,18 @@ def random_quant(fmt: str, shape: tuple[int, int], rng):
     return QuantTensor(qtype, shape, data)
 
 
+def shape_config(shape: str) -> dict:
+    """The config of one of SHAPES, as `build` makes its model from (a new dict)."""
+    config = dict(SHAPES[shape])
+    config.setdefault("rms_norm_eps", 1e-6)
+    return config
+
+
 def build(shape: str, fmt: str, ops):
     from kjarni.model_config import ModelConfig
     from kjarni.model import DecoderModel
 
-    config = dict(SHAPES[shape])
-    config.setdefault("rms_norm_eps", 1e-6)
+    config = shape_config(shape)
     return DecoderModel(ModelConfig.from_dict(config), RandomWeights(config, fmt), ops)
 
 

@@ -40,23 +40,16 @@ class PeerUnavailable(RuntimeError):
     """llama.cpp (the cyllama-vulkan wheel) cannot be imported here."""
 
 
-def shape_config(shape: str) -> dict:
-    config = dict(bench_gpu.SHAPES[shape])
-    config.setdefault("rms_norm_eps", 1e-6)
-    config.setdefault("bos_token_id", 1)
-    config.setdefault("eos_token_id", 2)
-    return config
-
-
 def write_gguf(path: str | Path, shape: str, fmt: str) -> Path:
     """bench_gpu's random weights for ``shape`` in ``fmt`` (f16, q8_0, q4_k) as a GGUF file at
     ``path``: 1-D tensors F32, matrices F16 or the same quant blocks, a padded byte-level vocabulary
     (tests/tiny_models.py's) of the shape's size."""
     from tests.tiny_models import save_gguf_model
 
-    if fmt not in FILE_TYPES:
-        raise ValueError(f"format {fmt!r}: the peer takes one of {sorted(FILE_TYPES)}")
-    config = shape_config(shape)
+    if fmt not in FILE_TYPES or shape not in bench_gpu.SHAPES:
+        raise ValueError(f"{shape} {fmt}: the peer takes a shape of {sorted(bench_gpu.SHAPES)} "
+                         f"and a format of {sorted(FILE_TYPES)}")
+    config = bench_gpu.shape_config(shape)
     weights = bench_gpu.RandomWeights(config, fmt)
     tensors = {name: weights.raw(name) for name in weights.shapes}
     quant, file_type = FILE_TYPES[fmt]
@@ -116,9 +109,6 @@ def bench_llama_cpp(shape: str, fmt: str, context: int, steps: int, *, reps: int
                     flash_attn: int | None = None, folder: str | Path | None = None) -> dict:
     """llama-bench's pp``context`` and tg``steps`` at depth ``context`` on bench_gpu's weights."""
     _llama_cpp()  # fail before writing a large file
-    if fmt not in FILE_TYPES or shape not in bench_gpu.SHAPES:
-        raise ValueError(f"{shape} {fmt}: the peer takes a shape of {sorted(bench_gpu.SHAPES)} "
-                         f"and a format of {sorted(FILE_TYPES)}")
     with tempfile.TemporaryDirectory(dir=folder, prefix="kjarni-peer-") as tmp:
         t0 = time.perf_counter()
         path = write_gguf(Path(tmp) / f"{shape}-{fmt}.gguf", shape, fmt)
